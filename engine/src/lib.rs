@@ -1,0 +1,35 @@
+//! The `projector` engine: exactly-once effect of at-least-once Kafka events on read models
+//! in PostgreSQL.
+//!
+//! Exactly-once *delivery* is impossible; exactly-once *effect* is a consumer design:
+//! at-least-once delivery, plus a dedup record and the source offset written in the same
+//! PostgreSQL transaction as the effect.
+//!
+//! # Layout
+//!
+//! - [`event`]: the wire format; decoding a message into an [`Event`] or saying why it is poison.
+//! - [`projection`]: the [`Projection`] trait views implement, and the [`Registry`] of views.
+//! - [`sequencer`] (private): per-account `seq` ordering: duplicates, gaps, parked accounts.
+//! - [`apply`]: the hot path; one batch of one partition into one view version, one transaction.
+//! - [`queries`]: every statement the engine runs on its own tables.
+//! - [`db`]: connection pools that never hand out a connection left inside a transaction.
+//! - [`schema`]: the engine's migrations and view installation (`projector migrate`).
+//! - `metrics` (private): counters through the `metrics` facade.
+//! - `testkit` (feature `testkit`): a database per test, and the conformance suite every
+//!   projection must pass.
+
+pub mod apply;
+pub mod db;
+pub mod event;
+mod metrics;
+pub mod projection;
+pub mod queries;
+pub mod schema;
+mod sequencer;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use apply::{Applier, ApplyError, Batch, BatchOutcome, Counts, Disposition};
+pub use event::{decode, DecodeError, Event, Message};
+pub use projection::{ApplySql, DedupMode, Projection, Registry, SourceOrdering, ViewError};
+pub use schema::{migrate, MigrateReport, SchemaError};

@@ -1,0 +1,311 @@
+//! The `Projection` trait every view implements, and the registry of views.
+//!
+//! A view is data, not code that runs per event: it hands the engine its DDL and one
+//! set-based statement, and the engine wraps that statement in the inbox guard. That keeps
+//! the dedup check inside the statement for every view, built in or plugin, without relying
+//! on each author to remember it.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::event::Event;
+
+/// How a view drops duplicates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DedupMode {
+    /// The `(consumer, event_id)` inbox, inserted by the statement itself.
+    Inbox,
+    /// Only the view's own `WHERE row.version < EXCLUDED.version` on its upsert. Free, but
+    /// correct only with per-account ordering, and only for views that write one row per event.
+    VersionFilter,
+    /// Both: the inbox guards, the version filter backs it up.
+    Both,
+}
+
+impl DedupMode {
+    /// Whether the engine puts the inbox CTE in front of the view's statement.
+    pub fn uses_inbox(self) -> bool {
+        matches!(self, DedupMode::Inbox | DedupMode::Both)
+    }
+
+    /// Whether the view's upsert carries a version filter.
+    pub fn uses_version_filter(self) -> bool {
+        matches!(self, DedupMode::VersionFilter | DedupMode::Both)
+    }
+
+    /// Lower-case name for listings and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DedupMode::Inbox => "inbox",
+            DedupMode::VersionFilter => "version_filter",
+            DedupMode::Both => "inbox+version_filter",
+        }
+    }
+}
+
+/// What the event source promises about order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SourceOrdering {
+    /// All events of an account arrive through one partition, in `seq` order, read by one
+    /// consumer at a time (Kafka with key = account id). The engine tracks `seq` per account:
+    /// duplicates at or below the last applied `seq` are dropped, gaps park the account.
+    PerAccount,
+    /// No ordering promise. Only order-independent views without a version filter can run;
+    /// the inbox alone drops duplicates.
+    Unordered,
+}
+
+/// A view's apply statement, in two parts the engine composes into one SQL statement:
+///
+/// ```sql
+/// WITH batch AS (...), fresh AS (INSERT INTO projector.inbox ... RETURNING event_id),
+///      ev AS (SELECT batch.* FROM batch JOIN fresh USING (event_id)),
+///      <ctes>,
+///      written AS (<write>)
+/// SELECT (SELECT count(*) FROM ev), (SELECT count(*) FROM written)
+/// ```
+///
+/// `ev` has the columns `event_id text, account_id bigint, seq bigint, type text,
+/// occurred_at timestamptz, data jsonb`, and holds only events that are new to this view
+/// version and of a type it subscribes to. Unless the view is order-independent, `ev` holds
+/// at most one event per account. `{v}` in either part is replaced by the view's version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplySql {
+    /// Extra CTEs, comma separated, written after `ev` (may be empty).
+    pub ctes: String,
+    /// The final data-modifying statement. It must end in `RETURNING` and return one row per
+    /// row written; with a version filter, one event writes one row, so the engine counts
+    /// events the filter dropped as `|ev| - |written|`.
+    pub write: String,
+}
+
+/// A named read model maintained by the engine: one trait, one registry line.
+///
+/// Table names in SQL text carry `{v}` for the version (`portfolio_v{v}`), so one
+/// implementation can serve several versions and each version owns its own tables.
+pub trait Projection: Send + Sync + 'static {
+    /// The view's name: lower case letters, digits and `_`, starting with a letter.
+    fn name(&self) -> &str;
+
+    /// The schema and logic version. `name` v1 and v2 are independent consumers.
+    fn version(&self) -> i32;
+
+    /// Event types this view applies. Other types are ignored (counted, not an error) but
+    /// still advance the account's `seq`.
+    fn subscribes(&self) -> &[&str];
+
+    /// How duplicates are dropped.
+    fn dedup(&self) -> DedupMode;
+
+    /// True when the statement's effect does not depend on the order of events (commutative
+    /// sums aggregated with `GROUP BY`): the engine then sends a whole batch in one statement
+    /// instead of splitting it into key-disjoint rounds.
+    fn order_independent(&self) -> bool {
+        false
+    }
+
+    /// DDL creating the view's tables; must be idempotent (`IF NOT EXISTS`).
+    fn ddl(&self) -> String;
+
+    /// The tables this version owns, in the order they should be compared and dropped.
+    fn tables(&self) -> Vec<String>;
+
+    /// The apply statement.
+    fn apply_sql(&self) -> ApplySql;
+
+    /// Body of the stable read name: a `SELECT` over this version's tables. The engine
+    /// creates `CREATE VIEW <name> AS <read_sql>` for the live version.
+    fn read_sql(&self) -> String;
+
+    /// A query over the write side's authoritative state, for rebuilds from a snapshot.
+    fn snapshot_sql(&self) -> Option<String> {
+        None
+    }
+
+    /// Extra checks on events of the types this view subscribes to, beyond the wire format.
+    /// An error makes the message poison for this view.
+    fn validate(&self, _event: &Event) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// The key of everything this version owns: inbox rows, offsets, dead letters.
+    fn consumer(&self) -> String {
+        format!("{}_v{}", self.name(), self.version())
+    }
+}
+
+/// Replaces `{v}` with the version in a view's SQL text.
+pub fn render(projection: &dyn Projection, sql: &str) -> String {
+    sql.replace("{v}", &projection.version().to_string())
+}
+
+/// Extracts the statement named `name` from SQL text with `-- name: <name>` headers, the
+/// convention view SQL files follow so that every statement a view runs is in one file.
+pub fn named_sql<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    let header = format!("-- name: {name}");
+    let mut offset = 0;
+    let mut start = None;
+    let mut end = text.len();
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim();
+        match start {
+            None if trimmed == header => start = Some(offset + line.len()),
+            Some(_) if trimmed.starts_with("-- name:") => {
+                end = offset;
+                break;
+            }
+            _ => {}
+        }
+        offset += line.len();
+    }
+    let body = text[start?..end].trim().trim_end_matches(';').trim_end();
+    (!body.is_empty()).then_some(body)
+}
+
+/// Why a view cannot be registered or run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ViewError {
+    /// The name is not a valid SQL identifier part.
+    #[error("view name {0:?} must be lower-case letters, digits and '_', starting with a letter")]
+    BadName(String),
+    /// Versions start at 1.
+    #[error("view {name}: version {version} must be 1 or more")]
+    BadVersion {
+        /// The view.
+        name: String,
+        /// The version given.
+        version: i32,
+    },
+    /// The same name and version twice.
+    #[error("view {0} is registered twice")]
+    Duplicate(String),
+    /// Subscribes to nothing.
+    #[error("view {0} subscribes to no event type")]
+    NoSubscriptions(String),
+    /// A version filter without per-account ordering would drop late events as stale.
+    #[error("view {0} asks for the version filter, but the source does not declare per-account ordering; use DedupMode::Inbox or an ordered source")]
+    VersionFilterNeedsOrdering(String),
+    /// An order-dependent fold over unordered events gives wrong rows.
+    #[error("view {0} depends on event order, but the source does not declare per-account ordering; only order-independent views can read an unordered source")]
+    OrderNeedsOrdering(String),
+    /// No view of that name.
+    #[error("no view named {0:?}; registered views: {1}")]
+    Unknown(String, String),
+}
+
+/// Checks that a view can run against a source with the given ordering.
+pub fn check_compatible(
+    projection: &dyn Projection,
+    ordering: SourceOrdering,
+) -> Result<(), ViewError> {
+    if ordering == SourceOrdering::Unordered {
+        if projection.dedup().uses_version_filter() {
+            return Err(ViewError::VersionFilterNeedsOrdering(projection.consumer()));
+        }
+        if !projection.order_independent() {
+            return Err(ViewError::OrderNeedsOrdering(projection.consumer()));
+        }
+    }
+    Ok(())
+}
+
+/// The views compiled into this binary. Adding a view is one `register` line.
+#[derive(Default, Clone)]
+pub struct Registry {
+    views: Vec<Arc<dyn Projection>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.views.iter().map(|v| v.consumer()))
+            .finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a view version; refuses bad names, duplicates and views that subscribe to nothing.
+    pub fn register(mut self, projection: impl Projection) -> Result<Self, ViewError> {
+        self.add(Arc::new(projection))?;
+        Ok(self)
+    }
+
+    /// Adds an already shared view version.
+    pub fn add(&mut self, projection: Arc<dyn Projection>) -> Result<(), ViewError> {
+        let name = projection.name();
+        let valid = name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !valid {
+            return Err(ViewError::BadName(name.to_owned()));
+        }
+        if projection.version() < 1 {
+            return Err(ViewError::BadVersion {
+                name: name.to_owned(),
+                version: projection.version(),
+            });
+        }
+        if projection.subscribes().is_empty() {
+            return Err(ViewError::NoSubscriptions(projection.consumer()));
+        }
+        if self
+            .views
+            .iter()
+            .any(|v| v.consumer() == projection.consumer())
+        {
+            return Err(ViewError::Duplicate(projection.consumer()));
+        }
+        self.views.push(projection);
+        Ok(())
+    }
+
+    /// Every registered view version, in registration order.
+    pub fn all(&self) -> &[Arc<dyn Projection>] {
+        &self.views
+    }
+
+    /// The distinct view names.
+    pub fn names(&self) -> BTreeSet<String> {
+        self.views.iter().map(|v| v.name().to_owned()).collect()
+    }
+
+    /// The registered versions of the named views (all when `names` is empty).
+    pub fn select(&self, names: &[String]) -> Result<Vec<Arc<dyn Projection>>, ViewError> {
+        if names.is_empty() {
+            return Ok(self.views.clone());
+        }
+        let known = self.names();
+        let mut out = Vec::new();
+        for name in names {
+            if !known.contains(name) {
+                let list = known.iter().cloned().collect::<Vec<_>>().join(", ");
+                return Err(ViewError::Unknown(name.clone(), list));
+            }
+            out.extend(self.views.iter().filter(|v| v.name() == name).cloned());
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_sql_finds_sections() {
+        let text = "-- name: ddl\nCREATE TABLE a ();\n\n-- name: write\n-- comment\nINSERT INTO a\nSELECT 1;\n";
+        assert_eq!(named_sql(text, "ddl"), Some("CREATE TABLE a ()"));
+        assert_eq!(
+            named_sql(text, "write"),
+            Some("-- comment\nINSERT INTO a\nSELECT 1")
+        );
+        assert_eq!(named_sql(text, "missing"), None);
+    }
+}

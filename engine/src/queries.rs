@@ -1,0 +1,96 @@
+//! Every statement the engine runs against its own tables, in one place.
+//!
+//! All of them are set-based (arrays in, one statement out) so that a batch costs a fixed
+//! number of round trips whatever its size. `$1` is always the consumer name.
+
+/// Locks this partition's offset row for the rest of the transaction and reads it. Every
+/// writer of the partition takes this lock first, so writers of one partition are serial.
+pub const LOCK_OFFSET: &str = "SELECT next_offset FROM projector.offsets \
+     WHERE consumer = $1 AND topic = $2 AND partition = $3 FOR UPDATE";
+
+/// Creates the offset row of a partition nobody has committed yet. A concurrent creator
+/// waits on the primary key and then inserts nothing; it then locks and reads the winner's row.
+pub const CREATE_OFFSET: &str =
+    "INSERT INTO projector.offsets (consumer, topic, partition, next_offset) \
+     VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING next_offset";
+
+/// Moves the offset past the batch. The `next_offset = $5` condition is the fence: it holds
+/// only for the writer whose batch starts where the last committed batch ended.
+pub const ADVANCE_OFFSET: &str =
+    "UPDATE projector.offsets SET next_offset = $4, updated_at = now() \
+     WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $5";
+
+/// The stored offset of a partition, for seeking on assignment.
+pub const READ_OFFSET: &str = "SELECT next_offset FROM projector.offsets \
+     WHERE consumer = $1 AND topic = $2 AND partition = $3";
+
+/// Progress and parked state of the batch's accounts.
+pub const LOAD_ACCOUNTS: &str =
+    "SELECT a.account_id, p.last_seq, p.watermark_seq, k.reason, k.blocked_seq \
+     FROM unnest($2::bigint[]) AS a(account_id) \
+     LEFT JOIN projector.account_progress p ON p.consumer = $1 AND p.account_id = a.account_id \
+     LEFT JOIN projector.parked_accounts k ON k.consumer = $1 AND k.account_id = a.account_id";
+
+/// Events waiting for the given accounts, in `seq` order.
+pub const LOAD_WAITING: &str =
+    "SELECT account_id, seq, topic, partition, \"offset\", message_key, payload \
+     FROM projector.parked_events WHERE consumer = $1 AND account_id = ANY($2::bigint[]) \
+     ORDER BY account_id, seq";
+
+/// Records the last applied `seq` of accounts. `GREATEST` keeps progress monotonic even if
+/// two writers ever touched one account (after a partition-count change, say).
+pub const SAVE_PROGRESS: &str = "INSERT INTO projector.account_progress (consumer, account_id, last_seq) \
+     SELECT $1, a, s FROM unnest($2::bigint[], $3::bigint[]) AS t(a, s) \
+     ON CONFLICT (consumer, account_id) DO UPDATE \
+     SET last_seq = GREATEST(projector.account_progress.last_seq, EXCLUDED.last_seq), updated_at = now()";
+
+/// Dead letters, with the raw bytes. `ON CONFLICT DO NOTHING`: a message is dead-lettered
+/// once per view version.
+pub const INSERT_DEAD_LETTERS: &str = "INSERT INTO projector.dead_letters \
+     (consumer, topic, partition, \"offset\", kind, message_key, payload, event_id, account_id, seq, error) \
+     SELECT $1, t, p, o, k, mk, pl, e, a, s, err \
+     FROM unnest($2::text[], $3::int[], $4::bigint[], $5::text[], $6::bytea[], $7::bytea[], \
+                 $8::text[], $9::bigint[], $10::bigint[], $11::text[]) AS x(t, p, o, k, mk, pl, e, a, s, err) \
+     ON CONFLICT (consumer, topic, partition, \"offset\") DO NOTHING";
+
+/// Events that must wait, with their raw bytes.
+pub const INSERT_WAITING: &str = "INSERT INTO projector.parked_events \
+     (consumer, account_id, seq, event_id, topic, partition, \"offset\", message_key, payload) \
+     SELECT $1, a, s, e, t, p, o, mk, pl \
+     FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::int[], $7::bigint[], \
+                 $8::bytea[], $9::bytea[]) AS x(a, s, e, t, p, o, mk, pl) \
+     ON CONFLICT (consumer, account_id, seq) DO NOTHING";
+
+/// Waiting events that were applied (or dead-lettered) in this batch.
+pub const DELETE_WAITING: &str = "DELETE FROM projector.parked_events \
+     WHERE consumer = $1 AND (account_id, seq) IN (SELECT * FROM unnest($2::bigint[], $3::bigint[]))";
+
+/// Parks accounts, or updates why they are parked.
+pub const PARK_ACCOUNTS: &str = "INSERT INTO projector.parked_accounts (consumer, account_id, reason, blocked_seq, detail) \
+     SELECT $1, a, r, b, d FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS x(a, r, b, d) \
+     ON CONFLICT (consumer, account_id) DO UPDATE \
+     SET reason = EXCLUDED.reason, blocked_seq = EXCLUDED.blocked_seq, detail = EXCLUDED.detail, \
+         parked_at = CASE WHEN projector.parked_accounts.reason = EXCLUDED.reason \
+                          THEN projector.parked_accounts.parked_at ELSE now() END";
+
+/// Accounts whose wait is over.
+pub const UNPARK_ACCOUNTS: &str =
+    "DELETE FROM projector.parked_accounts WHERE consumer = $1 AND account_id = ANY($2::bigint[])";
+
+/// Opens the engine's prefix of every view statement: the batch as a relation, the inbox
+/// insert, and `ev`, the events this view version has not applied yet. `{inbox}` is replaced
+/// by the inbox CTE or by a pass-through for views without one.
+pub const STATEMENT_PREFIX: &str = "WITH batch AS (\
+     SELECT b.event_id, b.account_id, b.seq, b.type, b.occurred_at, b.data::jsonb AS data \
+     FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::timestamptz[], $7::text[]) \
+          AS b(event_id, account_id, seq, type, occurred_at, data)), ";
+
+/// The inbox guard: only rows this statement inserts come back, so `ev` holds exactly the
+/// events this view version sees for the first time.
+pub const INBOX_CTES: &str = "fresh AS (INSERT INTO projector.inbox (consumer, event_id) \
+     SELECT $1::text, event_id FROM batch ON CONFLICT DO NOTHING RETURNING event_id), \
+     ev AS (SELECT batch.* FROM batch JOIN fresh USING (event_id) WHERE EXISTS (SELECT 1 FROM fresh))";
+
+/// For views that dedup by version filter only: `ev` is the whole batch. `$1` is still
+/// referenced so every statement has the same parameter list.
+pub const NO_INBOX_CTES: &str = "ev AS (SELECT batch.* FROM batch WHERE $1::text IS NOT NULL)";

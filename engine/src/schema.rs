@@ -1,0 +1,156 @@
+//! `projector migrate`: the engine's own schema, then every registered view's tables, its
+//! registry row and its stable read name. Running it twice changes nothing.
+
+use deadpool_postgres::Client;
+
+use crate::projection::{render, Projection, Registry};
+
+mod embedded {
+    refinery::embed_migrations!("../migrations");
+}
+
+/// refinery's history table lives in the engine's namespace, next to what it describes.
+const HISTORY_TABLE: &str = "projector.schema_history";
+
+/// One advisory lock key for every migrating process: two `projector migrate` (or two
+/// services starting at once) take turns instead of racing on `CREATE TABLE`.
+const MIGRATE_LOCK: i64 = 0x7072_6f6a_6563_746f; // "projecto"
+
+/// Why migration failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchemaError {
+    /// The engine's numbered migrations failed, or an applied one was edited.
+    #[error("while applying the engine's migrations: {0}")]
+    Migrations(#[from] refinery::Error),
+    /// A view's DDL, registry row or read name failed.
+    #[error("while installing view {consumer}: {source}")]
+    View {
+        /// The view version.
+        consumer: String,
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// Any other database failure.
+    #[error("while {doing}: {source}")]
+    Database {
+        /// What was being done.
+        doing: &'static str,
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+/// What a migration run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigrateReport {
+    /// Engine migrations applied by this run, as `V<n>__<name>`.
+    pub applied: Vec<String>,
+    /// View versions registered by this run, with the state they were given.
+    pub registered: Vec<(String, String)>,
+    /// Stable read names created by this run.
+    pub read_names: Vec<String>,
+}
+
+/// Applies the engine schema and installs every registered view.
+pub async fn migrate(
+    client: &mut Client,
+    registry: &Registry,
+) -> Result<MigrateReport, SchemaError> {
+    let db = |doing| move |source| SchemaError::Database { doing, source };
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATE_LOCK])
+        .await
+        .map_err(db("taking the migration lock"))?;
+    let result = migrate_locked(client, registry).await;
+    let unlock = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATE_LOCK])
+        .await
+        .map_err(db("releasing the migration lock"));
+    let report = result?;
+    unlock?;
+    Ok(report)
+}
+
+async fn migrate_locked(
+    client: &mut Client,
+    registry: &Registry,
+) -> Result<MigrateReport, SchemaError> {
+    client
+        .batch_execute("SET client_min_messages = warning; CREATE SCHEMA IF NOT EXISTS projector")
+        .await
+        .map_err(|source| SchemaError::Database {
+            doing: "creating schema projector",
+            source,
+        })?;
+    let pg: &mut tokio_postgres::Client = client;
+    let report = embedded::migrations::runner()
+        .set_migration_table_name(HISTORY_TABLE)
+        .run_async(pg)
+        .await?;
+    let mut out = MigrateReport {
+        applied: report
+            .applied_migrations()
+            .iter()
+            .map(|m| format!("V{}__{}", m.version(), m.name()))
+            .collect(),
+        ..MigrateReport::default()
+    };
+    for view in registry.all() {
+        install_view(client, &**view, &mut out)
+            .await
+            .map_err(|source| SchemaError::View {
+                consumer: view.consumer(),
+                source,
+            })?;
+    }
+    Ok(out)
+}
+
+/// Creates a view version's tables and registers it: `live` when the view has no version
+/// yet, `building` otherwise (a rebuild fills it and cuts over). The stable read name is
+/// created for the live version when it does not exist; cutover replaces it.
+async fn install_view(
+    client: &mut Client,
+    view: &dyn Projection,
+    out: &mut MigrateReport,
+) -> Result<(), tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    tx.batch_execute(&render(view, &view.ddl())).await?;
+    let registered = tx
+        .query_opt(
+            "INSERT INTO projector.views (name, version, state) \
+             SELECT $1, $2, CASE WHEN EXISTS (SELECT 1 FROM projector.views WHERE name = $1) \
+                                 THEN 'building' ELSE 'live' END \
+             ON CONFLICT (name, version) DO NOTHING RETURNING state",
+            &[&view.name(), &view.version()],
+        )
+        .await?;
+    if let Some(row) = registered {
+        out.registered.push((view.consumer(), row.get(0)));
+    }
+    let live: Option<i32> = tx
+        .query_opt(
+            "SELECT version FROM projector.views WHERE name = $1 AND state = 'live'",
+            &[&view.name()],
+        )
+        .await?
+        .map(|r| r.get(0));
+    let exists = tx
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = current_schema() AND c.relname = $1",
+            &[&view.name()],
+        )
+        .await?
+        .is_some();
+    if live == Some(view.version()) && !exists {
+        let body = render(view, &view.read_sql());
+        tx.batch_execute(&format!("CREATE VIEW {} AS {}", view.name(), body))
+            .await?;
+        out.read_names.push(view.name().to_owned());
+    }
+    tx.commit().await
+}

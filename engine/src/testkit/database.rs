@@ -1,0 +1,116 @@
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use deadpool_postgres::{Client, Pool};
+
+use crate::projection::Registry;
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// The server tests run against: `PROJECTOR_TEST_DATABASE_URL`, else the local default.
+pub fn admin_url() -> String {
+    std::env::var("PROJECTOR_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// A fresh database with the engine schema and the given views installed. Dropped when the
+/// test passes; kept (and named on stderr) when it fails, for debugging.
+#[derive(Debug)]
+pub struct TestDb {
+    name: String,
+    url: String,
+    pool: Pool,
+}
+
+impl TestDb {
+    /// Creates the database and migrates it.
+    pub async fn new(registry: &Registry) -> Self {
+        let admin = admin_url();
+        let name = format!(
+            "projector_test_{}_{}_{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            chrono::Utc::now().timestamp_micros() % 1_000_000
+        );
+        let admin_pool = crate::db::pool(&admin, 1).expect("admin url");
+        let client = admin_pool
+            .get()
+            .await
+            .expect("connect to the test server (is PostgreSQL running?)");
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create test database");
+        let url = with_database(&admin, &name);
+        let pool = crate::db::pool(&url, 8).expect("test url");
+        let db = Self { name, url, pool };
+        let mut client = db.client().await;
+        crate::schema::migrate(&mut client, registry)
+            .await
+            .expect("migrate");
+        db
+    }
+
+    /// A pooled connection.
+    pub async fn client(&self) -> Client {
+        self.pool
+            .get()
+            .await
+            .expect("connection from the test pool")
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The database's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+fn with_database(url: &str, name: &str) -> String {
+    match url.rfind('/') {
+        Some(i) if url[..i].contains("://") && !url[i..].contains('@') => {
+            let rest = &url[i + 1..];
+            let query = rest.find('?').map_or("", |q| &rest[q..]);
+            format!("{}/{name}{query}", &url[..i])
+        }
+        _ => format!("{url}/{name}"),
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        self.pool.close();
+        if std::thread::panicking() {
+            eprintln!("test failed: database {} kept for debugging", self.name);
+            return;
+        }
+        let name = self.name.clone();
+        // Drop runs inside the test's runtime; a fresh thread with its own runtime may block.
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async {
+                let pool = crate::db::pool(&admin_url(), 1).ok()?;
+                let client = pool.get().await.ok()?;
+                client
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await
+                    .ok()
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(()))) {
+            eprintln!("could not drop test database {}", self.name);
+        }
+    }
+}

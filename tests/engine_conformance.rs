@@ -1,0 +1,17 @@
+//! The conformance suite over the engine's small test view, checked against the fold.
+
+mod support;
+
+use std::sync::Arc;
+
+use projector_engine::testkit::conformance::{self, Factory};
+use support::{fills, trail_fold, Trail};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trail_passes_the_conformance_suite_and_equals_the_fold() {
+    let events = fills(4, 9);
+    let factory: Factory = Arc::new(|v| Arc::new(Trail::new(v)));
+    let report = conformance::run(factory, &events).await;
+    assert_eq!(report.schedules.len(), 8);
+    assert_eq!(report.rows, vec![trail_fold(&events)]);
+}

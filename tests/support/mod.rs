@@ -1,0 +1,130 @@
+//! Shared by the integration tests: a small order-sensitive view and event generators.
+#![allow(dead_code)]
+
+use projector_engine::testkit::{fill, EventSpec};
+use projector_engine::{ApplySql, DedupMode, Projection};
+
+/// A small view whose rows expose any mistake: `trail` lists the applied `seq`s in the order
+/// they were applied, so a duplicate or a reordering changes the text. A CHECK constraint
+/// lets tests make one event's statement fail on purpose (`qty` of 1000000 or more).
+#[derive(Debug, Clone)]
+pub struct Trail {
+    pub version: i32,
+    pub dedup: DedupMode,
+}
+
+impl Trail {
+    pub fn new(version: i32) -> Self {
+        Self {
+            version,
+            dedup: DedupMode::Inbox,
+        }
+    }
+}
+
+impl Projection for Trail {
+    fn name(&self) -> &str {
+        "trail"
+    }
+    fn version(&self) -> i32 {
+        self.version
+    }
+    fn subscribes(&self) -> &[&str] {
+        &["fill_executed"]
+    }
+    fn dedup(&self) -> DedupMode {
+        self.dedup
+    }
+    fn ddl(&self) -> String {
+        "CREATE TABLE IF NOT EXISTS trail_v{v} (
+            account_id bigint PRIMARY KEY,
+            events     bigint  NOT NULL,
+            trail      text    NOT NULL,
+            total_qty  numeric NOT NULL CHECK (total_qty < 1000000),
+            last_price numeric NOT NULL,
+            version    bigint  NOT NULL)"
+            .to_owned()
+    }
+    fn tables(&self) -> Vec<String> {
+        vec!["trail_v{v}".to_owned()]
+    }
+    fn apply_sql(&self) -> ApplySql {
+        let filter = if self.dedup.uses_version_filter() {
+            "WHERE trail_v{v}.version < EXCLUDED.version"
+        } else {
+            ""
+        };
+        ApplySql {
+            ctes: String::new(),
+            write: format!(
+                "INSERT INTO trail_v{{v}} (account_id, events, trail, total_qty, last_price, version)
+                 SELECT account_id, 1, seq::text, (data->>'qty')::numeric, (data->>'price')::numeric, seq FROM ev
+                 ON CONFLICT (account_id) DO UPDATE SET
+                   events = trail_v{{v}}.events + 1,
+                   trail = trail_v{{v}}.trail || ',' || EXCLUDED.trail,
+                   total_qty = trail_v{{v}}.total_qty + EXCLUDED.total_qty,
+                   last_price = EXCLUDED.last_price,
+                   version = EXCLUDED.version
+                 {filter}
+                 RETURNING 1"
+            ),
+        }
+    }
+    fn read_sql(&self) -> String {
+        "SELECT account_id, events, trail, total_qty, last_price, version FROM trail_v{v}"
+            .to_owned()
+    }
+}
+
+/// Fills for `accounts` accounts with `per_account` events each, interleaved round-robin
+/// (each account in `seq` order). Quantities vary so sums are distinctive.
+pub fn fills(accounts: i64, per_account: i64) -> Vec<EventSpec> {
+    let mut out = Vec::new();
+    for seq in 1..=per_account {
+        for account in 1..=accounts {
+            let qty = format!("{}.{:02}", account * 10 + seq, seq % 100);
+            let price = format!("1.{:05}", 8000 + account * 7 + seq);
+            out.push(fill(
+                account,
+                seq,
+                "2026-11-29T10:15:00Z",
+                "EURUSD",
+                "buy",
+                &qty,
+                &price,
+                "0.50",
+            ));
+        }
+    }
+    out
+}
+
+/// The expected `trail_v*` row text for the fold of `events` (distinct, in `seq` order).
+pub fn trail_fold(events: &[EventSpec]) -> Vec<String> {
+    use rust_decimal::Decimal;
+    use std::collections::BTreeMap;
+    use std::str::FromStr;
+    let mut by_account: BTreeMap<i64, BTreeMap<i64, &EventSpec>> = BTreeMap::new();
+    for e in events {
+        by_account.entry(e.account_id).or_default().insert(e.seq, e);
+    }
+    let mut rows: Vec<String> = by_account
+        .into_iter()
+        .map(|(account, evs)| {
+            let trail: Vec<String> = evs.keys().map(|s| s.to_string()).collect();
+            let total: Decimal = evs
+                .values()
+                .map(|e| Decimal::from_str(e.data["qty"].as_str().expect("qty")).expect("decimal"))
+                .sum();
+            let (last_seq, last) = evs.iter().next_back().expect("non-empty");
+            let price = last.data["price"].as_str().expect("price");
+            format!(
+                "({account},{},\"{}\",{total},{price},{last_seq})",
+                evs.len(),
+                trail.join(",")
+            )
+        })
+        .collect();
+    rows.sort();
+    rows
+}
