@@ -90,6 +90,21 @@ pub struct Counts {
     pub drained: u64,
 }
 
+impl std::ops::AddAssign<&Counts> for Counts {
+    fn add_assign(&mut self, c: &Counts) {
+        self.applied += c.applied;
+        self.ignored += c.ignored;
+        self.dup_seq += c.dup_seq;
+        self.dup_watermark += c.dup_watermark;
+        self.dup_inbox += c.dup_inbox;
+        self.dup_version_filter += c.dup_version_filter;
+        self.poison += c.poison;
+        self.failed += c.failed;
+        self.parked += c.parked;
+        self.drained += c.drained;
+    }
+}
+
 impl Counts {
     /// All duplicates, whatever caught them.
     pub fn duplicates(&self) -> u64 {
@@ -414,7 +429,10 @@ impl Applier {
         }
 
         self.settle(&mut work);
-        self.write_bookkeeping(tx, &work, next_offset).await?;
+        let newly_waiting = self.write_bookkeeping(tx, &work, next_offset).await?;
+        // An event already waiting from an earlier batch is a duplicate: the insert skipped it.
+        work.counts.dup_seq += work.counts.parked.saturating_sub(newly_waiting);
+        work.counts.parked = newly_waiting;
         let dispositions = batch
             .messages
             .iter()
@@ -859,13 +877,13 @@ impl Applier {
     }
 
     /// Dead letters, waiting events, parked accounts, progress and the fenced offset update,
-    /// sent together.
+    /// sent together. Returns how many events started waiting.
     async fn write_bookkeeping(
         &self,
         tx: &Transaction<'_>,
         work: &Work<'_>,
         next_offset: i64,
-    ) -> Result<(), ApplyError> {
+    ) -> Result<u64, ApplyError> {
         let batch = work.batch;
         let mut dead = DeadLetters::default();
         for (i, d) in work.decoded.iter().enumerate() {
@@ -1043,7 +1061,7 @@ impl Applier {
             )
             .await
         };
-        let (_, _, _, _, _, _, advanced) = futures::try_join!(
+        let (_, newly_waiting, _, _, _, _, advanced) = futures::try_join!(
             dead_letters,
             waiting_insert,
             waiting_delete,
@@ -1063,7 +1081,7 @@ impl Applier {
                 stored: -1,
             });
         }
-        Ok(())
+        Ok(newly_waiting)
     }
 }
 

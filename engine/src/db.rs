@@ -25,6 +25,10 @@ pub fn pool(url: &str, max_size: usize) -> Result<Pool, DbError> {
     if config.get_application_name().is_none() {
         config.application_name("projector");
     }
+    if config.get_connect_timeout().is_none() {
+        // An unreachable server must fail with a message, not hang the process.
+        config.connect_timeout(std::time::Duration::from_secs(10));
+    }
     let manager = Manager::from_config(
         config,
         NoTls,

@@ -161,6 +161,18 @@ pub fn decode(message: &Message) -> Result<Event, DecodeError> {
     })
 }
 
+/// The message key for a payload: its `account_id` in decimal, so that all events of an
+/// account share a partition. `None` when the payload has no integer `account_id`; such a
+/// message is poison anyway and is dead-lettered by every view.
+pub fn account_key(payload: &[u8]) -> Option<Vec<u8>> {
+    #[derive(Deserialize)]
+    struct KeyOnly {
+        account_id: i64,
+    }
+    let k: KeyOnly = serde_json::from_slice(payload).ok()?;
+    Some(k.account_id.to_string().into_bytes())
+}
+
 #[derive(Deserialize)]
 struct FillData<'a> {
     symbol: String,

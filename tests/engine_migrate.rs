@@ -1,0 +1,132 @@
+//! `migrate` is repeatable, registers views, and the engine refuses configurations it cannot
+//! keep exactly-once with a one-line reason.
+
+mod support;
+
+use std::sync::Arc;
+
+use projector_engine::testkit::TestDb;
+use projector_engine::{migrate, Applier, DedupMode, Registry, SourceOrdering, ViewError};
+use support::Trail;
+
+/// Everything `migrate` could change: tables and columns, indexes, constraints, views, the
+/// migration history and the view registry.
+async fn schema_fingerprint(client: &deadpool_postgres::Client) -> Vec<String> {
+    let queries = [
+        "SELECT table_schema || '.' || table_name || '.' || column_name || ':' || data_type \
+         FROM information_schema.columns WHERE table_schema IN ('public', 'projector') ORDER BY 1",
+        "SELECT schemaname || '.' || indexname || ':' || indexdef FROM pg_indexes \
+         WHERE schemaname IN ('public', 'projector') ORDER BY 1",
+        "SELECT conname || ':' || pg_get_constraintdef(oid) FROM pg_constraint \
+         WHERE connamespace IN (SELECT oid FROM pg_namespace WHERE nspname IN ('public', 'projector')) ORDER BY 1",
+        "SELECT c.oid::text || ':' || c.relname || ':' || pg_get_viewdef(c.oid) FROM pg_class c \
+         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind = 'v' AND n.nspname = 'public' ORDER BY 1",
+        "SELECT version::text || ':' || name || ':' || checksum FROM projector.schema_history ORDER BY 1",
+        "SELECT name || ':' || version || ':' || state || ':' || created_at::text FROM projector.views ORDER BY 1",
+    ];
+    let mut out = Vec::new();
+    for q in queries {
+        for row in client.query(q, &[]).await.expect(q) {
+            out.push(row.get::<_, String>(0));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrating_twice_changes_nothing() {
+    let registry = Registry::new()
+        .register(Trail::new(1))
+        .and_then(|r| r.register(Trail::new(2)))
+        .expect("registry");
+    let db = TestDb::new(&registry).await;
+    let mut client = db.client().await;
+    let before = schema_fingerprint(&client).await;
+    assert!(before
+        .iter()
+        .any(|l| l.starts_with("projector.inbox.consumer")));
+    assert!(
+        before.iter().any(|l| l.contains(":trail:")),
+        "the stable read name exists"
+    );
+
+    let report = migrate(&mut client, &registry)
+        .await
+        .expect("second migrate");
+    assert!(report.applied.is_empty(), "{report:?}");
+    assert!(report.registered.is_empty(), "{report:?}");
+    assert!(report.read_names.is_empty(), "{report:?}");
+    assert_eq!(schema_fingerprint(&client).await, before);
+
+    // The first version of a view goes live and readers see it; later ones wait for a rebuild.
+    let states: Vec<(i32, String)> = client
+        .query(
+            "SELECT version, state FROM projector.views WHERE name = 'trail' ORDER BY version",
+            &[],
+        )
+        .await
+        .expect("registry rows")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(states, [(1, "live".to_owned()), (2, "building".to_owned())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations_take_turns() {
+    let registry = Registry::new().register(Trail::new(1)).expect("registry");
+    let db = TestDb::new(&Registry::new()).await;
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let (pool, registry) = (db.pool().clone(), registry.clone());
+        runs.push(tokio::spawn(async move {
+            let mut client = pool.get().await.expect("connection");
+            migrate(&mut client, &registry)
+                .await
+                .map(|r| r.registered.len())
+        }));
+    }
+    let mut registered = 0;
+    for r in runs {
+        registered += r.await.expect("task").expect("migrate");
+    }
+    assert_eq!(registered, 1, "exactly one run registers the view");
+}
+
+#[test]
+fn a_version_filter_without_per_account_ordering_is_refused() {
+    let mut view = Trail::new(1);
+    view.dedup = DedupMode::Both;
+    let err = Applier::new(Arc::new(view), SourceOrdering::Unordered).expect_err("refused");
+    assert!(matches!(err, ViewError::VersionFilterNeedsOrdering(_)));
+    let line = err.to_string();
+    assert!(!line.contains('\n'));
+    assert!(
+        line.contains("trail_v1") && line.contains("per-account ordering"),
+        "{line}"
+    );
+
+    // An order-dependent view is refused too: without order its fold is wrong.
+    let err =
+        Applier::new(Arc::new(Trail::new(1)), SourceOrdering::Unordered).expect_err("refused");
+    assert!(matches!(err, ViewError::OrderNeedsOrdering(_)), "{err}");
+}
+
+#[test]
+fn the_registry_refuses_bad_views() {
+    let twice = Registry::new()
+        .register(Trail::new(1))
+        .and_then(|r| r.register(Trail::new(1)));
+    assert!(matches!(twice, Err(ViewError::Duplicate(c)) if c == "trail_v1"));
+    let zero = Registry::new().register(Trail::new(0));
+    assert!(matches!(zero, Err(ViewError::BadVersion { .. })));
+    let registry = Registry::new().register(Trail::new(1)).expect("registry");
+    let unknown = registry
+        .select(&["portfolio".to_owned()])
+        .err()
+        .expect("unknown view refused");
+    assert_eq!(
+        unknown.to_string(),
+        "no view named \"portfolio\"; registered views: trail"
+    );
+}
