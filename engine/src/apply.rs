@@ -213,9 +213,10 @@ pub fn compose_statement(projection: &dyn Projection) -> String {
         s.push_str(",\n");
         s.push_str(&render(projection, ctes));
     }
-    s.push_str(",\nwritten AS (");
+    // Each part ends with a newline, so a view's SQL may end in a `--` comment.
+    s.push_str("\n,\nwritten AS (");
     s.push_str(&render(projection, sql.write.trim().trim_end_matches(';')));
-    s.push_str(")\nSELECT (SELECT count(*) FROM ev), (SELECT count(*) FROM written)");
+    s.push_str("\n)\nSELECT (SELECT count(*) FROM ev), (SELECT count(*) FROM written)");
     s
 }
 
@@ -429,10 +430,8 @@ impl Applier {
         }
 
         self.settle(&mut work);
-        let newly_waiting = self.write_bookkeeping(tx, &work, next_offset).await?;
-        // An event already waiting from an earlier batch is a duplicate: the insert skipped it.
-        work.counts.dup_seq += work.counts.parked.saturating_sub(newly_waiting);
-        work.counts.parked = newly_waiting;
+        let counts = self.write_bookkeeping(tx, &work, next_offset).await?;
+        work.counts = counts;
         let dispositions = batch
             .messages
             .iter()
@@ -877,13 +876,13 @@ impl Applier {
     }
 
     /// Dead letters, waiting events, parked accounts, progress and the fenced offset update,
-    /// sent together. Returns how many events started waiting.
+    /// sent together. Returns the batch's final counts, which the offset row adds up.
     async fn write_bookkeeping(
         &self,
         tx: &Transaction<'_>,
         work: &Work<'_>,
         next_offset: i64,
-    ) -> Result<u64, ApplyError> {
+    ) -> Result<Counts, ApplyError> {
         let batch = work.batch;
         let mut dead = DeadLetters::default();
         for (i, d) in work.decoded.iter().enumerate() {
@@ -998,26 +997,38 @@ impl Applier {
             }
             dead.write(tx, c).await
         };
-        let waiting_insert = async {
-            if wait.account.is_empty() {
-                return Ok(0);
-            }
-            tx.execute(
-                queries::INSERT_WAITING,
-                &[
-                    c,
-                    &wait.account,
-                    &wait.seq,
-                    &wait.event_id,
-                    &wait.topic,
-                    &wait.partition,
-                    &wait.offset,
-                    &wait.key,
-                    &wait.payload,
-                ],
-            )
-            .await
-        };
+        let mut counts = work.counts.clone();
+        if !wait.account.is_empty() {
+            let inserted = tx
+                .execute(
+                    queries::INSERT_WAITING,
+                    &[
+                        c,
+                        &wait.account,
+                        &wait.seq,
+                        &wait.event_id,
+                        &wait.topic,
+                        &wait.partition,
+                        &wait.offset,
+                        &wait.key,
+                        &wait.payload,
+                    ],
+                )
+                .await
+                .map_err(&err)?;
+            // An event already waiting from an earlier batch is a duplicate: the insert
+            // skipped it. Known before the offset row adds up the counts.
+            counts.dup_seq += counts.parked.saturating_sub(inserted);
+            counts.parked = inserted;
+        }
+        let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let (applied, ignored, duplicates, dead_lettered, parked) = (
+            as_i64(counts.applied),
+            as_i64(counts.ignored),
+            as_i64(counts.duplicates()),
+            as_i64(counts.poison + counts.failed),
+            as_i64(counts.parked),
+        );
         let waiting_delete = async {
             if done_accounts.is_empty() {
                 return Ok(0);
@@ -1057,13 +1068,17 @@ impl Applier {
                     &batch.partition,
                     &next_offset,
                     &batch.start_offset,
+                    &applied,
+                    &ignored,
+                    &duplicates,
+                    &dead_lettered,
+                    &parked,
                 ],
             )
             .await
         };
-        let (_, newly_waiting, _, _, _, _, advanced) = futures::try_join!(
+        let (_, _, _, _, _, advanced) = futures::try_join!(
             dead_letters,
-            waiting_insert,
             waiting_delete,
             parks,
             unparks,
@@ -1081,7 +1096,7 @@ impl Applier {
                 stored: -1,
             });
         }
-        Ok(newly_waiting)
+        Ok(counts)
     }
 }
 

@@ -92,6 +92,9 @@ pub(crate) fn plan(stored: Stored, incoming: &[(i64, Item)]) -> Plan {
         park,
         mut waiting,
     } = stored;
+    // A snapshot reflects every event up to its watermark: the next one to apply follows it,
+    // whether or not the seeding also moved last_seq.
+    last_seq = last_seq.max(watermark.unwrap_or(0));
     let failed = matches!(park, Some(Park::Failed { .. }));
     let mut emitted = Vec::new();
     let mut verdicts = Vec::with_capacity(incoming.len());
@@ -210,6 +213,18 @@ mod tests {
             [Verdict::Duplicate, Verdict::Wait, Verdict::Wait]
         );
         assert_eq!(p.park, Some(Park::Failed { blocked_seq: 5 }));
+    }
+
+    #[test]
+    fn the_event_after_the_watermark_is_next_even_if_last_seq_was_not_seeded() {
+        let stored = Stored {
+            last_seq: 0,
+            watermark: Some(7),
+            ..Stored::default()
+        };
+        let p = plan(stored, &incoming(&[7, 8]));
+        assert_eq!(seqs(&p), [8]);
+        assert_eq!(p.park, None);
     }
 
     #[test]
