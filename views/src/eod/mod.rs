@@ -1,0 +1,88 @@
+//! `eod`: per account and UTC trading day, fills and busts counted, bought and sold quantity
+//! and notional (net of busts), fees, cash in and cash out.
+//!
+//! Order-independent: every column is a commutative sum, so the engine sends a whole batch
+//! per statement and the SQL aggregates with `GROUP BY`. Deduplicated by the inbox. Rules and
+//! table in `docs/views.md`; the SQL is in `eod.sql` beside this file.
+//!
+//! No snapshot query: a day's sums are history, not state the write side keeps, so a rebuild
+//! of `eod` replays from the earliest retained offsets.
+
+use projector_engine::event::{CASH_ADJUSTED, FILL_BUSTED, FILL_EXECUTED};
+use projector_engine::{ApplySql, DedupMode, Projection};
+
+use crate::sql::SqlFile;
+
+const SQL: SqlFile = SqlFile::new("views/src/eod/eod.sql", include_str!("eod.sql"));
+
+/// The end-of-day view at one version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Eod {
+    /// A parameter so that several versions can run side by side (tests, rebuilds).
+    version: i32,
+}
+
+impl Eod {
+    /// The view at `version`; its table is `eod_v<version>`.
+    pub fn new(version: i32) -> Self {
+        Self { version }
+    }
+}
+
+impl Projection for Eod {
+    fn name(&self) -> &str {
+        "eod"
+    }
+
+    fn version(&self) -> i32 {
+        self.version
+    }
+
+    fn subscribes(&self) -> &[&str] {
+        &[FILL_EXECUTED, FILL_BUSTED, CASH_ADJUSTED]
+    }
+
+    fn dedup(&self) -> DedupMode {
+        DedupMode::Inbox
+    }
+
+    fn order_independent(&self) -> bool {
+        true
+    }
+
+    fn ddl(&self) -> String {
+        SQL.section("ddl").to_owned()
+    }
+
+    fn tables(&self) -> Vec<String> {
+        vec!["eod_v{v}".to_owned()]
+    }
+
+    fn apply_sql(&self) -> ApplySql {
+        ApplySql {
+            ctes: SQL.section("ctes").to_owned(),
+            write: SQL.section("write").to_owned(),
+        }
+    }
+
+    fn read_sql(&self) -> String {
+        SQL.section("read").to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_is_in_the_sql_file() {
+        let view = Eod::new(1);
+        assert!(view.ddl().contains("CREATE TABLE IF NOT EXISTS eod_v{v}"));
+        let sql = view.apply_sql();
+        assert!(sql.ctes.contains("GROUP BY account_id, trading_day"));
+        assert!(sql.write.ends_with("RETURNING 1"));
+        assert!(view.read_sql().starts_with("SELECT"));
+        assert!(view.snapshot_sql().is_none());
+        assert!(view.order_independent());
+    }
+}

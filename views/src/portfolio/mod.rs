@@ -1,0 +1,97 @@
+//! `portfolio`: per account and symbol, the net quantity, the average entry price (weighted
+//! on increase, unchanged on reduce, reset on flip), realized P&L, the last trade time and
+//! `version`, the `seq` of the last event applied to the row.
+//!
+//! Order-dependent (an average depends on the order of fills), deduplicated by the inbox and
+//! by the version filter. The rules and the tables are in `docs/views.md`; the SQL is in
+//! `portfolio.sql` beside this file.
+
+use projector_engine::event::{FILL_BUSTED, FILL_EXECUTED};
+use projector_engine::{ApplySql, DedupMode, Projection};
+
+use crate::sql::SqlFile;
+
+const SQL: SqlFile = SqlFile::new(
+    "views/src/portfolio/portfolio.sql",
+    include_str!("portfolio.sql"),
+);
+
+/// The portfolio view at one version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Portfolio {
+    /// A parameter, not a constant, so tests can run several independent versions side by
+    /// side and a rebuild can install the next one.
+    version: i32,
+}
+
+impl Portfolio {
+    /// The view at `version`; its tables are `portfolio_v<version>`.
+    pub fn new(version: i32) -> Self {
+        Self { version }
+    }
+}
+
+impl Projection for Portfolio {
+    fn name(&self) -> &str {
+        "portfolio"
+    }
+
+    fn version(&self) -> i32 {
+        self.version
+    }
+
+    fn subscribes(&self) -> &[&str] {
+        &[FILL_EXECUTED, FILL_BUSTED]
+    }
+
+    fn dedup(&self) -> DedupMode {
+        DedupMode::Both
+    }
+
+    fn ddl(&self) -> String {
+        SQL.section("ddl").to_owned()
+    }
+
+    fn tables(&self) -> Vec<String> {
+        vec!["portfolio_v{v}".to_owned()]
+    }
+
+    fn apply_sql(&self) -> ApplySql {
+        ApplySql {
+            ctes: SQL.section("ctes").to_owned(),
+            write: SQL.section("write").to_owned(),
+        }
+    }
+
+    fn read_sql(&self) -> String {
+        SQL.section("read").to_owned()
+    }
+
+    fn snapshot_sql(&self) -> Option<String> {
+        Some(SQL.section("snapshot").to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_is_in_the_sql_file() {
+        let view = Portfolio::new(3);
+        assert!(view
+            .ddl()
+            .contains("CREATE TABLE IF NOT EXISTS portfolio_v{v}"));
+        let sql = view.apply_sql();
+        assert!(sql.write.ends_with("RETURNING 1"));
+        assert!(sql
+            .write
+            .contains("WHERE portfolio_v{v}.version < EXCLUDED.version"));
+        assert!(sql.ctes.trim_end().ends_with(')'));
+        assert!(view.read_sql().starts_with("SELECT"));
+        assert!(view
+            .snapshot_sql()
+            .is_some_and(|s| s.contains("FROM positions")));
+        assert_eq!(view.consumer(), "portfolio_v3");
+    }
+}

@@ -1,0 +1,96 @@
+//! `risk`: per account, gross and net exposure at the last trade price of each open
+//! position, the number of open positions and the largest one.
+//!
+//! Order-dependent (the last price is the latest fill's), deduplicated by the inbox only: it
+//! writes two tables per event, a per-symbol book (`risk_positions_v<n>`) and the account
+//! row (`risk_v<n>`), and a version filter guards one row. The rules are in `docs/views.md`;
+//! the SQL is in `risk.sql` beside this file.
+
+use projector_engine::event::{FILL_BUSTED, FILL_EXECUTED};
+use projector_engine::{ApplySql, DedupMode, Projection};
+
+use crate::sql::SqlFile;
+
+const SQL: SqlFile = SqlFile::new("views/src/risk/risk.sql", include_str!("risk.sql"));
+
+/// The risk view at one version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Risk {
+    /// A parameter so that several versions can run side by side (tests, rebuilds).
+    version: i32,
+}
+
+impl Risk {
+    /// The view at `version`; its tables are `risk_positions_v<version>` and `risk_v<version>`.
+    pub fn new(version: i32) -> Self {
+        Self { version }
+    }
+}
+
+impl Projection for Risk {
+    fn name(&self) -> &str {
+        "risk"
+    }
+
+    fn version(&self) -> i32 {
+        self.version
+    }
+
+    fn subscribes(&self) -> &[&str] {
+        &[FILL_EXECUTED, FILL_BUSTED]
+    }
+
+    fn dedup(&self) -> DedupMode {
+        DedupMode::Inbox
+    }
+
+    fn ddl(&self) -> String {
+        SQL.section("ddl").to_owned()
+    }
+
+    fn tables(&self) -> Vec<String> {
+        vec!["risk_positions_v{v}".to_owned(), "risk_v{v}".to_owned()]
+    }
+
+    fn apply_sql(&self) -> ApplySql {
+        // The account totals are shared with the snapshot, so they are a section of their own.
+        ApplySql {
+            ctes: format!("{},\n{}", SQL.section("ctes"), SQL.section("totals")),
+            write: SQL.section("write").to_owned(),
+        }
+    }
+
+    fn read_sql(&self) -> String {
+        SQL.section("read").to_owned()
+    }
+
+    fn snapshot_sql(&self) -> Option<String> {
+        Some(format!(
+            "WITH {},\n{},\nseeded_accounts AS (\n{}\n)\n{}",
+            SQL.section("snapshot_book"),
+            SQL.section("totals"),
+            SQL.section("write"),
+            SQL.section("watermarks"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_is_in_the_sql_file() {
+        let view = Risk::new(2);
+        assert!(view.ddl().contains("risk_positions_v{v}"));
+        assert!(view.ddl().contains("risk_v{v}"));
+        let sql = view.apply_sql();
+        assert!(sql.ctes.contains("rk_largest AS"));
+        assert!(sql.write.ends_with("RETURNING 1"));
+        assert!(view.read_sql().starts_with("SELECT"));
+        let snapshot = view.snapshot_sql().unwrap_or_default();
+        assert!(snapshot.contains("FROM positions"));
+        assert!(snapshot.contains("FROM account_seq"));
+        assert_eq!(view.consumer(), "risk_v2");
+    }
+}
