@@ -34,12 +34,20 @@ CREATE INDEX inbox_applied_at ON projector.inbox (applied_at);
 -- Kafka offsets live here, written in the same transaction as the view rows. The update
 -- is conditional on next_offset being where the writer started (fencing), with the row
 -- locked, so a consumer that lost its partition cannot commit.
+--
+-- The counters are updated by the same statement, so they are exact: they count what
+-- committed, survive crashes, and never count a redelivered batch twice.
 CREATE TABLE projector.offsets (
-    consumer    text        NOT NULL,
-    topic       text        NOT NULL,
-    partition   integer     NOT NULL CHECK (partition >= 0),
-    next_offset bigint      NOT NULL CHECK (next_offset >= 0),
-    updated_at  timestamptz NOT NULL DEFAULT now(),
+    consumer      text        NOT NULL,
+    topic         text        NOT NULL,
+    partition     integer     NOT NULL CHECK (partition >= 0),
+    next_offset   bigint      NOT NULL CHECK (next_offset >= 0),
+    applied       bigint      NOT NULL DEFAULT 0,
+    ignored       bigint      NOT NULL DEFAULT 0,
+    duplicates    bigint      NOT NULL DEFAULT 0,
+    dead_lettered bigint      NOT NULL DEFAULT 0,
+    parked        bigint      NOT NULL DEFAULT 0,
+    updated_at    timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (consumer, topic, partition)
 );
 

@@ -21,6 +21,7 @@
 pub mod apply;
 pub mod db;
 pub mod event;
+pub mod kafka;
 mod metrics;
 pub mod projection;
 pub mod queries;

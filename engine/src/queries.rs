@@ -14,10 +14,14 @@ pub const CREATE_OFFSET: &str =
     "INSERT INTO projector.offsets (consumer, topic, partition, next_offset) \
      VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING next_offset";
 
-/// Moves the offset past the batch. The `next_offset = $5` condition is the fence: it holds
-/// only for the writer whose batch starts where the last committed batch ended.
+/// Moves the offset past the batch and adds the batch's counts, which are therefore exact:
+/// they count what committed and survive crashes. The `next_offset = $5` condition is the
+/// fence: it holds only for the writer whose batch starts where the last committed batch
+/// ended.
 pub const ADVANCE_OFFSET: &str =
-    "UPDATE projector.offsets SET next_offset = $4, updated_at = now() \
+    "UPDATE projector.offsets SET next_offset = $4, updated_at = now(), \
+     applied = applied + $6, ignored = ignored + $7, duplicates = duplicates + $8, \
+     dead_lettered = dead_lettered + $9, parked = parked + $10 \
      WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $5";
 
 /// The stored offset of a partition, for seeking on assignment.

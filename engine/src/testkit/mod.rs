@@ -5,5 +5,5 @@ pub mod conformance;
 mod database;
 mod feed;
 
-pub use database::TestDb;
+pub use database::{admin_url, TestDb};
 pub use feed::{bust, cash, consume, consume_with_crashes, fill, EventSpec, Partition};

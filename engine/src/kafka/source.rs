@@ -1,0 +1,672 @@
+//! The Kafka source: one consumer group per view version, offsets in PostgreSQL.
+//!
+//! Each view version runs one Kafka consumer on a dedicated thread (the *poll thread*) and
+//! one tokio task per assigned partition (a *worker*). The poll thread only polls, routes
+//! messages to workers and handles rebalances; workers batch and apply.
+//!
+//! - **Assignment.** The rebalance callback reads each new partition's `next_offset` from
+//!   PostgreSQL and assigns the partition *at that offset* (earliest when the view version
+//!   never committed it). Kafka's committed offsets are never used to resume.
+//! - **Revocation.** The callback tells the partition's worker to stop and waits until its
+//!   in-flight batch is committed or rolled back, then gives the partition up. The wait
+//!   blocks the poll thread, never the async runtime.
+//! - **Zombies.** A worker that lost its partition without noticing (a stall past the
+//!   session timeout) finds its batch fenced by the offset row: it cannot commit.
+//! - **Outages.** A batch that fails for database reasons is retried with backoff, with one
+//!   log line when the incident starts and one when it ends; the offset never advances
+//!   without the batch.
+//! - **Kafka commits.** After a PostgreSQL commit, the offset is also committed to Kafka,
+//!   asynchronously and only for lag tools; nothing reads it back.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use rdkafka::client::ClientContext;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message as _;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::apply::{Applier, ApplyError, Batch};
+use crate::event::Message;
+
+/// How a view version reads Kafka.
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`.
+    pub brokers: String,
+    /// The topic every view reads.
+    pub topic: String,
+    /// Consumer groups are named `<group_prefix>.<view>_v<version>`.
+    pub group_prefix: String,
+    /// Static membership (`group.instance.id`): a restarted process takes its partitions back
+    /// without a rebalance. Must be unique per process.
+    pub instance_id: Option<String>,
+    /// librdkafka properties passed through (`-X key=value`), applied last, so TLS, SASL and
+    /// any tuning work against real brokers.
+    pub properties: Vec<(String, String)>,
+    /// A batch closes at this many messages...
+    pub max_batch_messages: usize,
+    /// ... or this many payload bytes ...
+    pub max_batch_bytes: usize,
+    /// ... or when no message arrived for this long after the first.
+    pub linger: Duration,
+    /// Commit offsets to Kafka too (after PostgreSQL), so lag tools see progress.
+    pub commit_to_kafka: bool,
+}
+
+impl KafkaConfig {
+    /// Defaults for the given brokers and topic.
+    pub fn new(brokers: impl Into<String>, topic: impl Into<String>) -> Self {
+        Self {
+            brokers: brokers.into(),
+            topic: topic.into(),
+            group_prefix: "projector".to_owned(),
+            instance_id: None,
+            properties: Vec::new(),
+            max_batch_messages: 2000,
+            max_batch_bytes: 4 << 20,
+            linger: Duration::from_millis(5),
+            commit_to_kafka: true,
+        }
+    }
+
+    /// The group id of a view version.
+    pub fn group_id(&self, consumer: &str) -> String {
+        format!("{}.{}", self.group_prefix, consumer)
+    }
+
+    fn client_config(&self, consumer: &str) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers)
+            .set("group.id", self.group_id(consumer))
+            .set("client.id", format!("projector.{consumer}"))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            // Used only when the stored offset is no longer retained.
+            .set("auto.offset.reset", "earliest")
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            // Events of aborted transactions never reach a view.
+            .set("isolation.level", "read_committed")
+            .set_log_level(RDKafkaLogLevel::Warning);
+        if let Some(id) = &self.instance_id {
+            c.set("group.instance.id", id);
+        }
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+/// Why a source stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// librdkafka refused the configuration or the subscription.
+    #[error("{consumer}: kafka: {source}")]
+    Kafka {
+        /// View version.
+        consumer: String,
+        /// librdkafka's error.
+        #[source]
+        source: KafkaError,
+    },
+    /// The poll thread could not be started or panicked.
+    #[error("{consumer}: {message}")]
+    Thread {
+        /// View version.
+        consumer: String,
+        /// What happened.
+        message: String,
+    },
+    /// A batch could not be applied for a reason retrying cannot fix.
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+}
+
+/// Signals that tests and tools use to observe the source without sleeping.
+#[async_trait::async_trait]
+pub trait Observer: Send + Sync + 'static {
+    /// A batch is about to be applied. A test can hold the worker here (a stall).
+    async fn before_apply(&self, _consumer: &str, _batch: &Batch) {}
+    /// A batch was committed to PostgreSQL.
+    fn committed(&self, _consumer: &str, _partition: i32, _next_offset: i64) {}
+    /// A batch was refused by fencing: another consumer had committed past its start.
+    fn fenced(&self, _consumer: &str, _partition: i32, _start: i64, _stored: i64) {}
+    /// Kafka became unreachable or failed a request; called once per incident.
+    fn kafka_trouble(&self, _consumer: &str, _error: &str) {}
+    /// Partitions were assigned (after their offsets were read from PostgreSQL).
+    fn assigned(&self, _consumer: &str, _partitions: &[i32]) {}
+    /// Partitions were revoked (after their in-flight batches finished).
+    fn revoked(&self, _consumer: &str, _partitions: &[i32]) {}
+}
+
+/// An observer that observes nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+impl Observer for NoObserver {}
+
+struct WorkerHandle {
+    messages: mpsc::Sender<Message>,
+    stop: Option<oneshot::Sender<()>>,
+    done: Option<oneshot::Receiver<()>>,
+}
+
+struct Shared {
+    applier: Arc<Applier>,
+    pool: Pool,
+    config: KafkaConfig,
+    runtime: tokio::runtime::Handle,
+    workers: Mutex<HashMap<i32, WorkerHandle>>,
+    committed: std::sync::mpsc::Sender<(i32, i64)>,
+    observer: Arc<dyn Observer>,
+    shutdown: CancellationToken,
+    /// A fatal error from a worker, reported by `run`.
+    fatal: Mutex<Option<SourceError>>,
+}
+
+struct Context {
+    shared: Arc<Shared>,
+    kafka_down: AtomicBool,
+}
+
+impl ClientContext for Context {
+    fn error(&self, error: KafkaError, reason: &str) {
+        // librdkafka repeats transport errors on every retry; say it once per incident.
+        if !self.kafka_down.swap(true, Ordering::Relaxed) {
+            tracing::warn!(consumer = %self.shared.applier.consumer(), %error, reason, "kafka unreachable; retrying");
+            self.shared
+                .observer
+                .kafka_trouble(self.shared.applier.consumer(), &error.to_string());
+        }
+    }
+}
+
+impl ConsumerContext for Context {
+    fn rebalance(
+        &self,
+        base: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(base.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let mut starts = Vec::with_capacity(partitions.len());
+                for &p in &partitions {
+                    let Some(stored) = self.stored_offset(p) else {
+                        return; // shutting down: leave the assignment to the next owner
+                    };
+                    let offset = stored.map_or(Offset::Beginning, Offset::Offset);
+                    if let Err(e) = tpl.set_partition_offset(&self.shared.config.topic, p, offset) {
+                        tracing::error!(partition = p, error = %e, "cannot set the start offset");
+                    }
+                    starts.push((p, stored));
+                }
+                let result = if cooperative {
+                    base.incremental_assign(tpl)
+                } else {
+                    base.assign(tpl)
+                };
+                if let Err(e) = result {
+                    tracing::error!(consumer = %self.shared.applier.consumer(), error = %e, "assign failed");
+                    return;
+                }
+                for (p, stored) in starts {
+                    self.start_worker(p, stored);
+                }
+                tracing::info!(consumer = %self.shared.applier.consumer(), ?partitions, "partitions assigned");
+                self.shared
+                    .observer
+                    .assigned(self.shared.applier.consumer(), &partitions);
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                // Eager revocation takes everything; cooperative only the listed partitions.
+                let revoked: Vec<i32> = if cooperative {
+                    partitions
+                } else {
+                    self.shared
+                        .workers
+                        .lock()
+                        .map(|w| w.keys().copied().collect())
+                        .unwrap_or_default()
+                };
+                self.stop_workers(&revoked);
+                let result = if cooperative {
+                    base.incremental_unassign(tpl)
+                } else {
+                    base.unassign()
+                };
+                if let Err(e) = result {
+                    tracing::warn!(consumer = %self.shared.applier.consumer(), error = %e, "unassign failed");
+                }
+                tracing::info!(consumer = %self.shared.applier.consumer(), partitions = ?revoked, lost = base.assignment_lost(), "partitions revoked");
+                self.shared
+                    .observer
+                    .revoked(self.shared.applier.consumer(), &revoked);
+            }
+            other => {
+                tracing::error!(consumer = %self.shared.applier.consumer(), error = ?other, "rebalance error; dropping the assignment");
+                let all: Vec<i32> = self
+                    .shared
+                    .workers
+                    .lock()
+                    .map(|w| w.keys().copied().collect())
+                    .unwrap_or_default();
+                self.stop_workers(&all);
+                let _ = base.unassign();
+            }
+        }
+    }
+}
+
+impl Context {
+    /// The stored offset of a partition (`Some(None)`: never committed), retried while the
+    /// database is down; `None` when shutting down first.
+    fn stored_offset(&self, partition: i32) -> Option<Option<i64>> {
+        let shared = &self.shared;
+        let mut backoff = Backoff::new();
+        loop {
+            let result = shared.runtime.block_on(async {
+                let client = shared.pool.get().await.map_err(|e| e.to_string())?;
+                shared
+                    .applier
+                    .stored_offset(&client, &shared.config.topic, partition)
+                    .await
+                    .map_err(|e| e.to_string())
+            });
+            match result {
+                Ok(stored) => {
+                    backoff.recovered(shared.applier.consumer(), "reading offsets");
+                    return Some(stored);
+                }
+                Err(e) => {
+                    backoff.failed(shared.applier.consumer(), "reading offsets", &e);
+                    if shared.runtime.block_on(backoff.wait(&shared.shutdown)) {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_worker(&self, partition: i32, stored: Option<i64>) {
+        let shared = self.shared.clone();
+        let (tx, rx) = mpsc::channel(shared.config.max_batch_messages.max(1) * 2);
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let (done_tx, done_rx) = oneshot::channel();
+        let worker = Worker {
+            shared: shared.clone(),
+            partition,
+            position: stored,
+        };
+        shared.runtime.spawn(async move {
+            worker.run(rx, stop_rx).await;
+            let _ = done_tx.send(());
+        });
+        let handle = WorkerHandle {
+            messages: tx,
+            stop: Some(stop_tx),
+            done: Some(done_rx),
+        };
+        if let Ok(mut workers) = self.shared.workers.lock() {
+            workers.insert(partition, handle);
+        };
+    }
+
+    /// Stops workers and waits until each has committed or rolled back its in-flight batch.
+    fn stop_workers(&self, partitions: &[i32]) {
+        let handles: Vec<WorkerHandle> = match self.shared.workers.lock() {
+            Ok(mut workers) => partitions
+                .iter()
+                .filter_map(|p| workers.remove(p))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let mut waits = Vec::new();
+        for mut h in handles {
+            if let Some(stop) = h.stop.take() {
+                let _ = stop.send(());
+            }
+            if let Some(done) = h.done.take() {
+                waits.push(done);
+            }
+        }
+        for done in waits {
+            let _ = done.blocking_recv();
+        }
+    }
+}
+
+struct Worker {
+    shared: Arc<Shared>,
+    partition: i32,
+    /// The next offset to apply; `None` until the first batch of a never-committed partition.
+    position: Option<i64>,
+}
+
+impl Worker {
+    async fn run(mut self, mut rx: mpsc::Receiver<Message>, mut stop: oneshot::Receiver<()>) {
+        let config = self.shared.config.clone();
+        loop {
+            let first = tokio::select! {
+                biased;
+                _ = &mut stop => return,
+                m = rx.recv() => match m { Some(m) => m, None => return },
+            };
+            let mut messages = vec![first];
+            let mut bytes = messages[0].payload.len();
+            while messages.len() < config.max_batch_messages && bytes < config.max_batch_bytes {
+                match rx.try_recv() {
+                    Ok(m) => {
+                        bytes += m.payload.len();
+                        messages.push(m);
+                    }
+                    Err(mpsc::error::TryRecvError::Empty) => {
+                        match tokio::time::timeout(config.linger, rx.recv()).await {
+                            Ok(Some(m)) => {
+                                bytes += m.payload.len();
+                                messages.push(m);
+                            }
+                            _ => break,
+                        }
+                    }
+                    Err(mpsc::error::TryRecvError::Disconnected) => break,
+                }
+            }
+            // After a fencing, messages below the stored offset were applied by someone else.
+            let start = self.position.unwrap_or(messages[0].offset);
+            messages.retain(|m| m.offset >= start);
+            if messages.is_empty() {
+                continue;
+            }
+            let batch = Batch {
+                topic: config.topic.clone(),
+                partition: self.partition,
+                start_offset: start,
+                messages,
+            };
+            if !self.apply(&batch, &mut stop).await {
+                return;
+            }
+        }
+    }
+
+    /// Applies one batch, retrying database failures until it commits, is fenced, or the
+    /// worker is told to stop. Returns false when the worker must end.
+    async fn apply(&mut self, batch: &Batch, stop: &mut oneshot::Receiver<()>) -> bool {
+        let shared = self.shared.clone();
+        let consumer = shared.applier.consumer().to_owned();
+        let mut backoff = Backoff::new();
+        shared.observer.before_apply(&consumer, batch).await;
+        loop {
+            let result = match shared.pool.get().await {
+                Ok(mut client) => shared.applier.apply(&mut client, batch).await.map_err(Some),
+                Err(e) => {
+                    backoff.failed(&consumer, "connecting to PostgreSQL", &e.to_string());
+                    Err(None)
+                }
+            };
+            match result {
+                Ok(outcome) => {
+                    backoff.recovered(&consumer, "applying batches");
+                    self.position = Some(outcome.next_offset);
+                    let _ = shared.committed.send((self.partition, outcome.next_offset));
+                    shared
+                        .observer
+                        .committed(&consumer, self.partition, outcome.next_offset);
+                    return true;
+                }
+                Err(Some(ApplyError::Fenced { stored, start, .. })) => {
+                    shared
+                        .observer
+                        .fenced(&consumer, self.partition, start, stored);
+                    tracing::warn!(%consumer, partition = self.partition, stored, "fenced: another consumer committed this partition; skipping to its offset");
+                    self.position = Some(stored);
+                    return true;
+                }
+                Err(Some(e)) if e.is_retryable() => {
+                    backoff.failed(&consumer, "applying a batch", &e.to_string())
+                }
+                Err(Some(e)) => {
+                    tracing::error!(%consumer, partition = self.partition, error = %e, "cannot apply; stopping this view");
+                    if let Ok(mut fatal) = shared.fatal.lock() {
+                        fatal.get_or_insert(SourceError::Apply(e));
+                    }
+                    shared.shutdown.cancel();
+                    return false;
+                }
+                Err(None) => {}
+            }
+            tokio::select! {
+                _ = &mut *stop => return false,
+                _ = backoff.sleep() => {}
+            }
+        }
+    }
+}
+
+/// Exponential backoff with one log line per incident.
+struct Backoff {
+    delay: Duration,
+    failures: u32,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Self {
+            delay: Duration::from_millis(50),
+            failures: 0,
+        }
+    }
+
+    fn failed(&mut self, consumer: &str, doing: &str, error: &str) {
+        if self.failures == 0 {
+            tracing::warn!(%consumer, error, "{doing} failed; retrying with backoff");
+        }
+        self.failures += 1;
+    }
+
+    fn recovered(&mut self, consumer: &str, doing: &str) {
+        if self.failures > 0 {
+            tracing::warn!(%consumer, attempts = self.failures, "{doing} recovered");
+        }
+        self.failures = 0;
+        self.delay = Duration::from_millis(50);
+    }
+
+    async fn sleep(&mut self) {
+        tokio::time::sleep(self.delay).await;
+        self.delay = (self.delay * 2).min(Duration::from_secs(5));
+    }
+
+    /// Sleeps, unless shutdown comes first; returns true on shutdown.
+    async fn wait(&mut self, shutdown: &CancellationToken) -> bool {
+        tokio::select! {
+            _ = shutdown.cancelled() => true,
+            _ = self.sleep() => false,
+        }
+    }
+}
+
+/// Consumes the topic into one view version until `shutdown` is cancelled (or a batch fails
+/// in a way retrying cannot fix). In-flight batches are committed or rolled back first.
+pub async fn run_view(
+    applier: Arc<Applier>,
+    pool: Pool,
+    config: KafkaConfig,
+    observer: Arc<dyn Observer>,
+    shutdown: CancellationToken,
+) -> Result<(), SourceError> {
+    let consumer_name = applier.consumer().to_owned();
+    let kafka = |source| SourceError::Kafka {
+        consumer: consumer_name.clone(),
+        source,
+    };
+    {
+        let client = pool.get().await.map_err(|e| SourceError::Thread {
+            consumer: consumer_name.clone(),
+            message: format!("cannot connect to PostgreSQL: {e}"),
+        })?;
+        applier.prepare(&client).await?;
+    }
+    let (committed_tx, committed_rx) = std::sync::mpsc::channel();
+    let shared = Arc::new(Shared {
+        applier,
+        pool,
+        runtime: tokio::runtime::Handle::current(),
+        workers: Mutex::new(HashMap::new()),
+        committed: committed_tx,
+        observer,
+        shutdown: shutdown.clone(),
+        fatal: Mutex::new(None),
+        config,
+    });
+    let context = Context {
+        shared: shared.clone(),
+        kafka_down: AtomicBool::new(false),
+    };
+    let consumer: BaseConsumer<Context> = shared
+        .config
+        .client_config(&consumer_name)
+        .create_with_context(context)
+        .map_err(kafka)?;
+    consumer.subscribe(&[&shared.config.topic]).map_err(kafka)?;
+
+    let thread_shared = shared.clone();
+    let poll = std::thread::Builder::new()
+        .name(format!("poll-{consumer_name}"))
+        .spawn(move || poll_loop(consumer, thread_shared, committed_rx))
+        .map_err(|e| SourceError::Thread {
+            consumer: consumer_name.clone(),
+            message: format!("cannot start the poll thread: {e}"),
+        })?;
+    shutdown.cancelled().await;
+    tokio::task::spawn_blocking(move || poll.join())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .ok_or_else(|| SourceError::Thread {
+            consumer: consumer_name.clone(),
+            message: "the poll thread panicked".to_owned(),
+        })?;
+    let fatal = shared.fatal.lock().ok().and_then(|mut f| f.take());
+    match fatal {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn poll_loop(
+    consumer: BaseConsumer<Context>,
+    shared: Arc<Shared>,
+    committed: std::sync::mpsc::Receiver<(i32, i64)>,
+) {
+    let topic = shared.config.topic.clone();
+    while !shared.shutdown.is_cancelled() {
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Ok(m)) => {
+                consumer
+                    .context()
+                    .kafka_down
+                    .store(false, Ordering::Relaxed);
+                let message = Message::new(
+                    m.offset(),
+                    m.key().map(<[u8]>::to_vec),
+                    m.payload().unwrap_or_default(),
+                );
+                let sender = shared
+                    .workers
+                    .lock()
+                    .ok()
+                    .and_then(|w| w.get(&m.partition()).map(|h| h.messages.clone()));
+                if let Some(sender) = sender {
+                    // Blocks when the worker is behind: back-pressure instead of memory.
+                    let _ = sender.blocking_send(message);
+                }
+            }
+            // One line per incident: librdkafka repeats the error on every retry.
+            Some(Err(e)) if !consumer.context().kafka_down.swap(true, Ordering::Relaxed) => {
+                tracing::warn!(consumer = %shared.applier.consumer(), error = %e, "kafka consumer error; retrying");
+                shared
+                    .observer
+                    .kafka_trouble(shared.applier.consumer(), &e.to_string());
+            }
+            Some(Err(_)) => {}
+        }
+        if shared.config.commit_to_kafka {
+            let mut latest: HashMap<i32, i64> = HashMap::new();
+            while let Ok((p, next)) = committed.try_recv() {
+                latest.insert(p, next);
+            }
+            if !latest.is_empty() {
+                let mut tpl = TopicPartitionList::new();
+                for (p, next) in latest {
+                    let _ = tpl.add_partition_offset(&topic, p, Offset::Offset(next));
+                }
+                if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
+                    tracing::debug!(error = %e, "kafka-side commit skipped (lag tools only)");
+                }
+            }
+        }
+    }
+    // Finish or roll back every in-flight batch, then leave the group.
+    let all: Vec<i32> = shared
+        .workers
+        .lock()
+        .map(|w| w.keys().copied().collect())
+        .unwrap_or_default();
+    consumer.context().stop_workers(&all);
+    consumer.unsubscribe();
+    drop(consumer);
+}
+
+/// Runs every given view version against the topic until `shutdown` is cancelled. Views are
+/// independent: one that stops with an error does not stop the others; every error is
+/// returned at the end.
+pub async fn run_views(
+    appliers: Vec<Arc<Applier>>,
+    pool: Pool,
+    config: KafkaConfig,
+    observer: Arc<dyn Observer>,
+    shutdown: CancellationToken,
+) -> Result<(), Vec<SourceError>> {
+    let mut tasks = Vec::new();
+    for applier in appliers {
+        // Each view gets its own token, so a fatal error in one cancels only that one.
+        let token = shutdown.child_token();
+        tasks.push(tokio::spawn(run_view(
+            applier,
+            pool.clone(),
+            config.clone(),
+            observer.clone(),
+            token,
+        )));
+    }
+    let mut errors = Vec::new();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(e) => errors.push(SourceError::Thread {
+                consumer: "view task".to_owned(),
+                message: e.to_string(),
+            }),
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
