@@ -1,0 +1,173 @@
+//! Kafka helpers for tests: publishing through the real producer path, and an observer that
+//! lets a test await progress instead of sleeping.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use projector_engine::kafka::publish::{publish_lines, PublishConfig};
+use projector_engine::kafka::source::Observer;
+use projector_engine::testkit::EventSpec;
+use tokio::sync::Notify;
+
+/// Publishes events (JSON lines through `publish_lines`) and returns messages per partition.
+pub async fn publish(bootstrap: &str, topic: &str, events: &[EventSpec]) -> BTreeMap<i32, u64> {
+    let mut lines = Vec::new();
+    for e in events {
+        lines.extend_from_slice(&e.payload());
+        lines.push(b'\n');
+    }
+    let report = publish_lines(&lines[..], &PublishConfig::new(bootstrap, topic))
+        .await
+        .expect("publish");
+    assert_eq!(report.sent, events.len() as u64);
+    report.partitions
+}
+
+/// Adds per-partition counts.
+pub fn add(into: &mut BTreeMap<i32, u64>, more: &BTreeMap<i32, u64>) {
+    for (p, n) in more {
+        *into.entry(*p).or_default() += n;
+    }
+}
+
+/// Records what the source reports.
+#[derive(Default)]
+pub struct Progress {
+    committed: Mutex<HashMap<i32, i64>>,
+    batches: Mutex<u64>,
+    fenced: Mutex<Vec<(i32, i64, i64)>>,
+    assigned: Mutex<Vec<i32>>,
+    kafka_troubles: Mutex<u64>,
+    changed: Notify,
+}
+
+impl Progress {
+    pub fn kafka_troubles(&self) -> u64 {
+        *self.kafka_troubles.lock().expect("lock")
+    }
+
+    pub fn committed_total(&self) -> i64 {
+        self.committed.lock().expect("lock").values().sum()
+    }
+
+    pub fn fenced_list(&self) -> Vec<(i32, i64, i64)> {
+        self.fenced.lock().expect("lock").clone()
+    }
+
+    pub fn assigned_now(&self) -> Vec<i32> {
+        let mut a = self.assigned.lock().expect("lock").clone();
+        a.sort();
+        a
+    }
+
+    /// Waits until `done` holds, or panics at the deadline with `what`.
+    pub async fn wait(&self, what: &str, timeout: Duration, done: impl Fn(&Self) -> bool) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.changed.notified();
+            if done(self) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                panic!("timed out waiting for {what}");
+            }
+        }
+    }
+
+    /// Waits until every partition's committed offset reaches `ends`.
+    pub async fn wait_for_ends(&self, ends: &BTreeMap<i32, u64>, timeout: Duration) {
+        self.wait("every partition to be consumed", timeout, |p| {
+            let c = p.committed.lock().expect("lock");
+            ends.iter()
+                .all(|(part, end)| c.get(part).copied().unwrap_or(0) >= *end as i64)
+        })
+        .await;
+    }
+}
+
+impl Observer for Progress {
+    fn committed(&self, _consumer: &str, partition: i32, next_offset: i64) {
+        {
+            let mut c = self.committed.lock().expect("lock");
+            let e = c.entry(partition).or_default();
+            *e = (*e).max(next_offset);
+            *self.batches.lock().expect("lock") += 1;
+        }
+        self.changed.notify_waiters();
+    }
+
+    fn fenced(&self, _consumer: &str, partition: i32, start: i64, stored: i64) {
+        self.fenced
+            .lock()
+            .expect("lock")
+            .push((partition, start, stored));
+        self.changed.notify_waiters();
+    }
+
+    fn kafka_trouble(&self, _consumer: &str, _error: &str) {
+        *self.kafka_troubles.lock().expect("lock") += 1;
+        self.changed.notify_waiters();
+    }
+
+    fn assigned(&self, _consumer: &str, partitions: &[i32]) {
+        self.assigned
+            .lock()
+            .expect("lock")
+            .extend_from_slice(partitions);
+        self.changed.notify_waiters();
+    }
+
+    fn revoked(&self, _consumer: &str, partitions: &[i32]) {
+        self.assigned
+            .lock()
+            .expect("lock")
+            .retain(|p| !partitions.contains(p));
+        self.changed.notify_waiters();
+    }
+}
+
+/// Forwards to two observers: one shared by every consumer, one of this consumer's own.
+pub struct Tee(pub std::sync::Arc<Progress>, pub std::sync::Arc<Progress>);
+
+impl Observer for Tee {
+    fn committed(&self, c: &str, partition: i32, next_offset: i64) {
+        self.0.committed(c, partition, next_offset);
+        self.1.committed(c, partition, next_offset);
+    }
+    fn fenced(&self, c: &str, partition: i32, start: i64, stored: i64) {
+        self.0.fenced(c, partition, start, stored);
+        self.1.fenced(c, partition, start, stored);
+    }
+    fn assigned(&self, c: &str, partitions: &[i32]) {
+        self.0.assigned(c, partitions);
+        self.1.assigned(c, partitions);
+    }
+    fn revoked(&self, c: &str, partitions: &[i32]) {
+        self.0.revoked(c, partitions);
+        self.1.revoked(c, partitions);
+    }
+}
+
+/// Rows of a table as text, sorted.
+pub async fn rows(client: &deadpool_postgres::Client, table: &str) -> Vec<String> {
+    client
+        .query(&format!("SELECT t::text FROM {table} t ORDER BY 1"), &[])
+        .await
+        .expect("rows")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// A consumer configuration for tests: short session timeouts so that rebalances after a
+/// consumer leaves or dies take seconds, and small batches so that they happen mid-stream.
+pub fn config(bootstrap: &str, topic: &str) -> projector_engine::kafka::source::KafkaConfig {
+    let mut c = projector_engine::kafka::source::KafkaConfig::new(bootstrap, topic);
+    c.properties = vec![
+        ("session.timeout.ms".to_owned(), "3000".to_owned()),
+        ("heartbeat.interval.ms".to_owned(), "300".to_owned()),
+    ];
+    c.max_batch_messages = 250;
+    c
+}

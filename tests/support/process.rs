@@ -1,0 +1,140 @@
+//! Running `projector` as a child process, reading its log lines as signals.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+/// A `projector` child process whose stderr lines arrive on a channel.
+pub struct Projector {
+    child: Child,
+    lines: Receiver<String>,
+    /// Every line seen so far, for failure messages.
+    pub seen: Vec<String>,
+}
+
+impl Projector {
+    /// Starts `projector <args>` with `PROJECTOR_LOG` set to `log`.
+    pub fn spawn(args: &[&str], log: &str) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_projector"))
+            .args(args)
+            .env("PROJECTOR_LOG", log)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn projector");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            lines: rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a line for which `matches` holds; panics at the deadline or if the process
+    /// exits first.
+    pub fn wait_for(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut matches: impl FnMut(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if matches(&line) {
+                        return line;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("timed out waiting for {what}; log:\n{}", self.tail())
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("projector exited before {what}; log:\n{}", self.tail())
+                }
+            }
+        }
+    }
+
+    /// Lines that arrived so far without waiting.
+    pub fn drain(&mut self) -> Vec<String> {
+        let new: Vec<String> = self.lines.try_iter().collect();
+        self.seen.extend(new.iter().cloned());
+        new
+    }
+
+    fn tail(&self) -> String {
+        let from = self.seen.len().saturating_sub(30);
+        self.seen[from..].join("\n")
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends a signal by name (`TERM`, `INT`, `STOP`, `CONT`).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, at most `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                self.drain();
+                return status;
+            }
+            if Instant::now() > deadline {
+                panic!("projector did not exit; log:\n{}", self.tail());
+            }
+            // The lines channel doubles as the wake-up: output or its end.
+            let _ = self
+                .lines
+                .recv_timeout(Duration::from_millis(50))
+                .map(|l| self.seen.push(l));
+        }
+    }
+}
+
+impl Drop for Projector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `projector <args>` to completion and returns (status, stderr).
+pub fn run_to_end(args: &[&str]) -> (ExitStatus, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_projector"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run projector");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
