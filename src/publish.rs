@@ -1,0 +1,195 @@
+//! `projector publish`: JSON-lines events from a file or standard input to a Kafka topic,
+//! keyed by account and partitioned like the Java client.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+
+use anyhow::Context as _;
+use projector_engine::kafka::publish::{publish_lines, PublishConfig};
+use tokio::io::{AsyncBufRead, AsyncRead, ReadBuf};
+use tokio::sync::mpsc;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Kafka bootstrap servers, e.g. `localhost:9092`.
+    #[arg(long, env = "KAFKA_BROKERS")]
+    brokers: String,
+    /// The topic to publish to.
+    #[arg(long)]
+    topic: String,
+    /// A librdkafka property, applied last; repeat for more
+    /// (e.g. `-X security.protocol=ssl -X message.timeout.ms=30000`).
+    #[arg(short = 'X', value_name = "KEY=VALUE", value_parser = parse_kv)]
+    properties: Vec<(String, String)>,
+    /// A file of JSON lines, one event per line; `-` or nothing reads standard input.
+    #[arg(value_name = "FILE")]
+    file: Option<PathBuf>,
+}
+
+/// Parses `key=value` (the value may contain `=`).
+pub fn parse_kv(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let (source, name): (Box<dyn Read + Send>, String) = match &args.file {
+        Some(path) if path.as_os_str() != "-" => {
+            let file = std::fs::File::open(path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
+            (Box::new(file), path.display().to_string())
+        }
+        _ => (Box::new(std::io::stdin()), "standard input".to_owned()),
+    };
+    let config = PublishConfig {
+        brokers: args.brokers,
+        topic: args.topic,
+        properties: args.properties,
+    };
+    let report = publish_lines(ChannelReader::spawn(source)?, &config)
+        .await
+        .with_context(|| format!("publishing {name} to {}", config.topic))?;
+    let partitions: Vec<String> = report
+        .partitions
+        .iter()
+        .map(|(p, n)| format!("{p}:{n}"))
+        .collect();
+    println!(
+        "published {} event{} from {name} to {} (partition:events {})",
+        report.sent,
+        if report.sent == 1 { "" } else { "s" },
+        config.topic,
+        if partitions.is_empty() {
+            "none".to_owned()
+        } else {
+            partitions.join(" ")
+        }
+    );
+    Ok(())
+}
+
+/// Streams a blocking reader into async code. A plain thread reads, so a terminal or pipe
+/// that never ends cannot hold up the runtime's shutdown (a `spawn_blocking` task would).
+struct ChannelReader {
+    chunks: mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    pos: usize,
+}
+
+impl ChannelReader {
+    const CHUNK: usize = 64 * 1024;
+
+    fn spawn(mut source: Box<dyn Read + Send>) -> anyhow::Result<Self> {
+        let (tx, rx) = mpsc::channel(4);
+        std::thread::Builder::new()
+            .name("publish-input".to_owned())
+            .spawn(move || loop {
+                let mut buf = vec![0; Self::CHUNK];
+                let chunk = match source.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        Ok(buf)
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => Err(e),
+                };
+                let failed = chunk.is_err();
+                // An error here means publishing stopped (a bad line) and nobody reads on.
+                if tx.blocking_send(chunk).is_err() || failed {
+                    return;
+                }
+            })
+            .context("cannot start the input thread")?;
+        Ok(Self {
+            chunks: rx,
+            chunk: Vec::new(),
+            pos: 0,
+        })
+    }
+}
+
+impl AsyncRead for ChannelReader {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let available = match self.as_mut().poll_fill_buf(cx) {
+            Poll::Ready(Ok(available)) => available,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        };
+        let n = available.len().min(out.remaining());
+        out.put_slice(&available[..n]);
+        self.consume(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncBufRead for ChannelReader {
+    fn poll_fill_buf(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<&[u8]>> {
+        let this = self.get_mut();
+        while this.pos >= this.chunk.len() {
+            match this.chunks.poll_recv(cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    this.chunk = chunk;
+                    this.pos = 0;
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
+                // End of input: an empty slice.
+                Poll::Ready(None) => break,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(this.chunk.get(this.pos..).unwrap_or_default()))
+    }
+
+    fn consume(self: Pin<&mut Self>, amt: usize) {
+        let this = self.get_mut();
+        this.pos = (this.pos + amt).min(this.chunk.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn properties_need_an_equals_sign() {
+        assert_eq!(
+            parse_kv("acks=all"),
+            Ok(("acks".to_owned(), "all".to_owned()))
+        );
+        assert_eq!(
+            parse_kv("sasl.jaas=a=b"),
+            Ok(("sasl.jaas".to_owned(), "a=b".to_owned()))
+        );
+        let e = parse_kv("acks").expect_err("no =");
+        assert!(e.contains("KEY=VALUE") && !e.contains('\n'), "{e}");
+        assert!(parse_kv("=x").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_channel_reader_streams_lines() {
+        use tokio::io::AsyncBufReadExt as _;
+        let text = "a\n\nbc\n".repeat(30_000);
+        let mut reader =
+            ChannelReader::spawn(Box::new(std::io::Cursor::new(text.clone().into_bytes())))
+                .expect("spawn");
+        let mut got = String::new();
+        let mut line = String::new();
+        while reader.read_line(&mut line).await.expect("read") > 0 {
+            got.push_str(&line);
+            line.clear();
+        }
+        assert_eq!(got, text);
+    }
+}

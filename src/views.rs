@@ -1,0 +1,53 @@
+//! `projector views`: what is compiled in, and (when the database answers) each version's state.
+
+use std::collections::HashMap;
+
+pub async fn run(database_url: &str) -> anyhow::Result<()> {
+    let registry = crate::registry()?;
+    let states = match states(database_url).await {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("note: state unknown, the database did not answer: {e:#}");
+            None
+        }
+    };
+    println!(
+        "{:<12} {:>7}  {:<10} {:<22} {:<17} SUBSCRIBES",
+        "VIEW", "VERSION", "STATE", "DEDUP", "ORDER"
+    );
+    for view in registry.all() {
+        let state = match &states {
+            Some(s) => s
+                .get(&(view.name().to_owned(), view.version()))
+                .map_or("unmigrated", String::as_str),
+            None => "unknown",
+        };
+        let order = if view.order_independent() {
+            "independent"
+        } else {
+            "per account"
+        };
+        println!(
+            "{:<12} {:>7}  {:<10} {:<22} {:<17} {}",
+            view.name(),
+            view.version(),
+            state,
+            view.dedup().as_str(),
+            order,
+            view.subscribes().join(",")
+        );
+    }
+    Ok(())
+}
+
+async fn states(database_url: &str) -> anyhow::Result<HashMap<(String, i32), String>> {
+    let pool = projector_engine::db::pool(database_url, 1)?;
+    let client = pool.get().await?;
+    let rows = client
+        .query("SELECT name, version, state FROM projector.views", &[])
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+        .collect())
+}
