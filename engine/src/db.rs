@@ -74,6 +74,12 @@ pub fn pool(url: &str, max_size: usize) -> Result<Pool, DbError> {
     if config.get_application_name().is_none() {
         config.application_name("projector");
     }
+    if config.get_options().is_none() {
+        // A process frozen inside a batch (SIGSTOP, a VM pause) holds its partition's offset
+        // row lock; the next owner waits on it. The server ends such a transaction after a
+        // minute, so the wait is bounded; no batch of ours idles that long between statements.
+        config.options("-c idle_in_transaction_session_timeout=60000");
+    }
     if config.get_connect_timeout().is_none() {
         // An unreachable server must fail with a message, not hang the process.
         config.connect_timeout(std::time::Duration::from_secs(10));
