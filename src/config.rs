@@ -158,3 +158,23 @@ pub fn resolve(args: RunArgs, database_url: Option<String>) -> anyhow::Result<Re
         pool_size,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn properties_need_an_equals_sign() {
+        assert_eq!(
+            parse_property("acks=all"),
+            Ok(("acks".to_owned(), "all".to_owned()))
+        );
+        assert_eq!(
+            parse_property("sasl.jaas=a=b"),
+            Ok(("sasl.jaas".to_owned(), "a=b".to_owned()))
+        );
+        let e = parse_property("acks").expect_err("no =");
+        assert!(e.contains("key=value") && !e.contains('\n'), "{e}");
+        assert!(parse_property("=x").is_err());
+    }
+}

@@ -142,9 +142,17 @@ async fn print_read_name(client: &deadpool_postgres::Client, name: &str) -> anyh
         .collect::<Vec<_>>()
         .join(", ");
     // Sort by the real values (numbers as numbers), not by their text.
-    let order = columns.iter().take(2).cloned().collect::<Vec<_>>().join(", ");
+    let order = columns
+        .iter()
+        .take(2)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
     let rows = client
-        .query(&format!("SELECT {select} FROM {name} ORDER BY {order}"), &[])
+        .query(
+            &format!("SELECT {select} FROM {name} ORDER BY {order}"),
+            &[],
+        )
         .await?;
     let cells: Vec<Vec<String>> = rows
         .iter()

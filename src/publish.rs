@@ -21,19 +21,11 @@ pub struct Args {
     topic: String,
     /// A librdkafka property, applied last; repeat for more
     /// (e.g. `-X security.protocol=ssl -X message.timeout.ms=30000`).
-    #[arg(short = 'X', value_name = "KEY=VALUE", value_parser = parse_kv)]
+    #[arg(short = 'X', value_name = "KEY=VALUE", value_parser = crate::config::parse_property)]
     properties: Vec<(String, String)>,
     /// A file of JSON lines, one event per line; `-` or nothing reads standard input.
     #[arg(value_name = "FILE")]
     file: Option<PathBuf>,
-}
-
-/// Parses `key=value` (the value may contain `=`).
-pub fn parse_kv(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
-        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
-    }
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -161,21 +153,6 @@ impl AsyncBufRead for ChannelReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn properties_need_an_equals_sign() {
-        assert_eq!(
-            parse_kv("acks=all"),
-            Ok(("acks".to_owned(), "all".to_owned()))
-        );
-        assert_eq!(
-            parse_kv("sasl.jaas=a=b"),
-            Ok(("sasl.jaas".to_owned(), "a=b".to_owned()))
-        );
-        let e = parse_kv("acks").expect_err("no =");
-        assert!(e.contains("KEY=VALUE") && !e.contains('\n'), "{e}");
-        assert!(parse_kv("=x").is_err());
-    }
 
     #[tokio::test]
     async fn the_channel_reader_streams_lines() {

@@ -1,7 +1,6 @@
 //! The binary's promises about connections: TLS follows `sslmode`, secrets never reach the
 //! output, and mistakes are one line.
 
-
 use std::process::Command;
 
 use projector_engine::testkit::TestDb;
@@ -15,7 +14,10 @@ async fn uses_tls(url: &str) -> Result<bool, String> {
     let pool = projector_engine::db::pool(url, 1).map_err(|e| e.to_string())?;
     let client = pool.get().await.map_err(|e| e.to_string())?;
     let row = client
-        .query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[])
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
         .await
         .map_err(|e| e.to_string())?;
     Ok(row.get(0))
@@ -25,18 +27,29 @@ async fn uses_tls(url: &str) -> Result<bool, String> {
 async fn tls_follows_sslmode() {
     let db = TestDb::new(&Registry::new()).await;
     let admin = db.client().await;
-    let server_ssl: String = admin.query_one("SHOW ssl", &[]).await.expect("show ssl").get(0);
-    assert!(!uses_tls(&with_query(db.url(), "sslmode=disable")).await.expect("plain connection"));
+    let server_ssl: String = admin
+        .query_one("SHOW ssl", &[])
+        .await
+        .expect("show ssl")
+        .get(0);
+    assert!(!uses_tls(&with_query(db.url(), "sslmode=disable"))
+        .await
+        .expect("plain connection"));
     if server_ssl != "on" {
         eprintln!("the server has ssl = off; only sslmode=disable was checked");
         return;
     }
-    assert!(uses_tls(&with_query(db.url(), "sslmode=require")).await.expect("encrypted connection"));
+    assert!(uses_tls(&with_query(db.url(), "sslmode=require"))
+        .await
+        .expect("encrypted connection"));
     assert!(uses_tls(db.url()).await.expect("prefer is the default"));
     // verify-full checks the certificate: a server with a self-signed certificate for
     // another host name is refused, not silently trusted.
     let refused = uses_tls(&with_query(db.url(), "sslmode=verify-full")).await;
-    assert!(refused.is_err(), "a certificate that does not verify must be refused");
+    assert!(
+        refused.is_err(),
+        "a certificate that does not verify must be refused"
+    );
 }
 
 #[test]
@@ -58,8 +71,14 @@ fn secrets_never_reach_the_output() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(!text.contains(secret), "{args:?} printed the password:\n{text}");
-        assert!(text.contains("PostgreSQL") || text.contains("database"), "{args:?}: {text}");
+        assert!(
+            !text.contains(secret),
+            "{args:?} printed the password:\n{text}"
+        );
+        assert!(
+            text.contains("PostgreSQL") || text.contains("database"),
+            "{args:?}: {text}"
+        );
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use projector_engine::testkit::{consume, Partition, TestDb};
 use projector_engine::{Applier, ApplyError, Registry, SourceOrdering};
-use support::{fills, trail_fold, Trail};
+use support::{fills, rows, trail_fold, Trail};
 
 async fn setup() -> (TestDb, Arc<Applier>, Partition) {
     let registry = Registry::new().register(Trail::new(1)).expect("registry");
@@ -148,25 +148,13 @@ async fn concurrent_writers_commit_each_offset_range_once() {
     );
 
     let client = db.client().await;
-    let rows: Vec<String> = client
-        .query("SELECT t::text FROM trail_v1 t ORDER BY 1", &[])
-        .await
-        .expect("rows")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(rows, trail_fold(&fills(5, 20)));
+    let committed_rows = rows(&client, "trail_v1").await;
+    assert_eq!(committed_rows, trail_fold(&fills(5, 20)));
 
     // The single-writer result, for comparison, in a fresh database.
     let (single_db, single, log) = setup().await;
     let mut client = single_db.client().await;
     consume(&single, &mut client, &log, 7).await;
-    let single_rows: Vec<String> = client
-        .query("SELECT t::text FROM trail_v1 t ORDER BY 1", &[])
-        .await
-        .expect("rows")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(rows, single_rows);
+    let single_rows = rows(&client, "trail_v1").await;
+    assert_eq!(committed_rows, single_rows);
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use projector_engine::testkit::{fill, Partition, TestDb};
 use projector_engine::{Applier, Disposition, Registry, SourceOrdering};
-use support::{trail_fold, Trail};
+use support::{rows, trail_fold, Trail};
 
 const AT: &str = "2026-11-29T10:15:00Z";
 
@@ -116,13 +116,7 @@ async fn a_gap_parks_the_account_until_the_missing_event_arrives() {
     assert!(parked(&client).await.is_empty());
     assert!(waiting(&client, 1).await.is_empty());
 
-    let rows: Vec<String> = client
-        .query("SELECT t::text FROM trail_v1 t ORDER BY 1", &[])
-        .await
-        .expect("rows")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let rows: Vec<String> = rows(&client, "trail_v1").await;
     assert_eq!(rows, trail_fold(&all), "the rows equal the in-order fold");
 }
 

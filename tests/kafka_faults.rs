@@ -11,8 +11,8 @@ use projector_engine::kafka::devbroker::{DevBroker, RDKafkaApiKey, RDKafkaRespEr
 use projector_engine::kafka::source::run_view;
 use projector_engine::testkit::TestDb;
 use projector_engine::{Applier, Registry, SourceOrdering};
-use support::kafka::{config, publish, rows, Progress};
-use support::{fills, trail_fold, Trail};
+use support::kafka::{config, publish, Progress};
+use support::{fills, rows, trail_fold, Trail};
 use tokio_util::sync::CancellationToken;
 
 const LIMIT: Duration = Duration::from_secs(180);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use projector_engine::kafka::devbroker::DevBroker;
 use projector_engine::testkit::conformance::dump;
-use projector_engine::testkit::{consume, EventSpec, Partition, TestDb};
+use projector_engine::testkit::{consume, EventSpec, Lcg, Partition, TestDb};
 use projector_engine::{Applier, SourceOrdering};
 use support::fills;
 use support::kafka::publish;
@@ -93,18 +93,6 @@ fn is_commit(line: &str) -> bool {
     line.contains("batch committed")
 }
 
-/// Deterministic pseudo-random delays, so a failing schedule can be replayed.
-struct Lcg(u64);
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
-}
-
 #[test]
 fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
     let rt = runtime();
@@ -124,7 +112,7 @@ fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
         let mut p = Projector::spawn(&run_args(&bootstrap, db.url()), COMMITS);
         p.wait_for("a committed batch", LIMIT, is_commit);
         // Let it run a random while longer: the kill lands anywhere in the apply path.
-        std::thread::sleep(Duration::from_millis(rng.below(150)));
+        std::thread::sleep(Duration::from_millis(rng.below(150) as u64));
         p.kill();
         kills += 1;
         if rt.block_on(committed(&db)).0 >= total {

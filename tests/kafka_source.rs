@@ -10,8 +10,8 @@ use projector_engine::kafka::devbroker::DevBroker;
 use projector_engine::kafka::source::{run_view, Observer};
 use projector_engine::testkit::{EventSpec, TestDb};
 use projector_engine::{Applier, Batch, Registry, SourceOrdering};
-use support::kafka::{add, config, publish, rows, Progress, Tee};
-use support::{fills, trail_fold, Trail};
+use support::kafka::{add, config, publish, Progress, Tee};
+use support::{fills, rows, trail_fold, Trail};
 use tokio_util::sync::CancellationToken;
 
 const MINUTES: Duration = Duration::from_secs(180);

@@ -18,7 +18,7 @@ use chrono::{DateTime, Duration, FixedOffset, SecondsFormat, Utc};
 use deadpool_postgres::Client;
 use projector_engine::projection::render;
 use projector_engine::testkit::conformance::{self, dump, Factory};
-use projector_engine::testkit::{bust, cash, consume, EventSpec, Partition, TestDb};
+use projector_engine::testkit::{bust, cash, consume, EventSpec, Lcg, Partition, TestDb};
 use projector_engine::{
     Applier, BatchOutcome, Counts, Projection, Registry, SourceOrdering, ViewError,
 };
@@ -28,27 +28,6 @@ use rust_decimal::{Decimal, RoundingStrategy};
 
 // ---------------------------------------------------------------------------------------
 // The generated stream
-
-/// The generator the conformance suite uses, so runs are reproducible without a dependency.
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        ((self.0 >> 33) % n.max(1) as u64) as usize
-    }
-
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-
-    fn int(&mut self, n: usize) -> i64 {
-        i64::try_from(self.below(n)).expect("small")
-    }
-}
 
 /// Symbol, price in units of 10^-scale around which fills trade, and that scale.
 const SYMBOLS: [(&str, i64, u32); 4] = [
@@ -445,12 +424,7 @@ fn totals(consumer: &str, outcomes: &[BatchOutcome]) -> Counts {
             (0, 0, 0),
             "{consumer}: {c:?}"
         );
-        t.applied += c.applied;
-        t.ignored += c.ignored;
-        t.dup_seq += c.dup_seq;
-        t.dup_watermark += c.dup_watermark;
-        t.dup_inbox += c.dup_inbox;
-        t.dup_version_filter += c.dup_version_filter;
+        t += c;
     }
     t
 }

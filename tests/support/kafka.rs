@@ -8,6 +8,7 @@ use std::time::Duration;
 use projector_engine::kafka::publish::{publish_lines, PublishConfig};
 use projector_engine::kafka::source::Observer;
 use projector_engine::testkit::EventSpec;
+
 use tokio::sync::Notify;
 
 /// Publishes events (JSON lines through `publish_lines`) and returns messages per partition.
@@ -147,17 +148,6 @@ impl Observer for Tee {
         self.0.revoked(c, partitions);
         self.1.revoked(c, partitions);
     }
-}
-
-/// Rows of a table as text, sorted.
-pub async fn rows(client: &deadpool_postgres::Client, table: &str) -> Vec<String> {
-    client
-        .query(&format!("SELECT t::text FROM {table} t ORDER BY 1"), &[])
-        .await
-        .expect("rows")
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
 }
 
 /// A consumer configuration for tests: short session timeouts so that rebalances after a

@@ -137,3 +137,14 @@ pub fn trail_fold(events: &[EventSpec]) -> Vec<String> {
     rows.sort();
     rows
 }
+
+/// Rows of a table as text, sorted.
+pub async fn rows(client: &deadpool_postgres::Client, table: &str) -> Vec<String> {
+    client
+        .query(&format!("SELECT t::text FROM {table} t ORDER BY 1"), &[])
+        .await
+        .expect("rows")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::apply::Applier;
 use crate::projection::{render, Projection, Registry, SourceOrdering};
-use crate::testkit::{consume, consume_with_crashes, EventSpec, Partition, TestDb};
+use crate::testkit::{consume, consume_with_crashes, EventSpec, Lcg, Partition, TestDb};
 
 /// Builds version `v` of the view under test.
 pub type Factory = Arc<dyn Fn(i32) -> Arc<dyn Projection> + Send + Sync>;
@@ -40,19 +40,6 @@ pub async fn dump(client: &deadpool_postgres::Client, view: &dyn Projection) -> 
         out.push(rows.iter().map(|r| r.get::<_, String>(0)).collect());
     }
     out
-}
-
-/// A small deterministic generator, so schedules are reproducible without a dependency.
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        ((self.0 >> 33) % n.max(1) as u64) as usize
-    }
 }
 
 /// Runs every schedule for the view built by `factory` over `events` (in per-account `seq`
