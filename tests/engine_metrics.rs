@@ -11,11 +11,10 @@ use projector_engine::testkit::{Partition, TestDb};
 use projector_engine::{Applier, Registry, SourceOrdering};
 use support::{fills, Trail};
 
-fn counter(
-    snapshot: &[(String, Vec<(String, String)>, u64)],
-    name: &str,
-    kind: Option<&str>,
-) -> u64 {
+/// A counter's name, labels and value.
+type Counter = (String, Vec<(String, String)>, u64);
+
+fn counter(snapshot: &[Counter], name: &str, kind: Option<&str>) -> u64 {
     snapshot
         .iter()
         .filter(|(n, labels, _)| {
@@ -52,7 +51,7 @@ async fn a_batch_records_what_it_did() {
         .await
         .expect("apply");
 
-    let snapshot: Vec<(String, Vec<(String, String)>, u64)> = snapshotter
+    let snapshot: Vec<Counter> = snapshotter
         .snapshot()
         .into_vec()
         .into_iter()
