@@ -81,6 +81,26 @@ pub const PARK_ACCOUNTS: &str = "INSERT INTO projector.parked_accounts (consumer
 pub const UNPARK_ACCOUNTS: &str =
     "DELETE FROM projector.parked_accounts WHERE consumer = $1 AND account_id = ANY($2::bigint[])";
 
+/// Opens the savepoint of a batch's fast path (if one of the pipelined rounds fails, the
+/// engine rolls back to it and redoes the rounds one by one to find the event at fault).
+///
+/// It also turns sequential scans off for the rest of the transaction. A view statement
+/// touches one batch's rows, so a sequential scan of a view table is never the plan it
+/// wants, but PostgreSQL picks one for a new view version: it caches a generic plan while
+/// the table is new and believed small (hash join over a sequential scan), and keeps that
+/// plan until autovacuum next analyzes the table, while a rebuild grows the table by
+/// millions of rows. The bench measured it at a tenth of the database's time when
+/// catching up a new version of 4,000 rows. With the setting off, the planner takes the
+/// index; a table without a usable index is still scanned, as the only plan left.
+pub const OPEN_BATCH_SAVEPOINT: &str = "SET LOCAL enable_seqscan = off; SAVEPOINT projector_batch";
+
+/// Ends the fast path's savepoint after every round succeeded.
+pub const RELEASE_BATCH_SAVEPOINT: &str = "RELEASE SAVEPOINT projector_batch";
+
+/// Undoes the fast path after a failed round and ends its savepoint, in one round trip.
+pub const ROLLBACK_BATCH_SAVEPOINT: &str =
+    "ROLLBACK TO SAVEPOINT projector_batch; RELEASE SAVEPOINT projector_batch";
+
 /// Opens the engine's prefix of every view statement: the batch as a relation, the inbox
 /// insert, and `ev`, the events this view version has not applied yet. `{inbox}` is replaced
 /// by the inbox CTE or by a pass-through for views without one.
