@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod config;
 mod demo;
 mod dev_broker;
@@ -40,6 +41,9 @@ enum Command {
     Publish(publish::Args),
     /// Serve librdkafka's mock cluster as a local Kafka broker for development.
     DevBroker(dev_broker::Args),
+    /// Measure throughput, catch-up and latency against a naive consumer and a plain-SQL
+    /// ceiling, on the dev broker and a scratch database of the --database-url server.
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -90,6 +94,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args, cli.database_url.clone()).await,
             Command::Publish(args) => publish::run(args).await,
             Command::DevBroker(args) => dev_broker::run(args).await,
+            Command::Bench(args) => bench::run(args, &url()).await,
         }
     });
     match result {

@@ -1,0 +1,507 @@
+//! The engine's phases: view versions consuming a topic of the dev broker through
+//! `run_views`, exactly as `projector run` does, watched through the source's [`Observer`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use deadpool_postgres::Pool;
+use projector_engine::kafka::publish::{publish_lines, PublishConfig, PublishReport};
+use projector_engine::kafka::source::{run_views, KafkaConfig, Observer};
+use projector_engine::Applier;
+use tokio::io::{AsyncBufRead, AsyncRead, ReadBuf};
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio_util::sync::CancellationToken;
+
+/// How long a phase may take before the bench gives up on it.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(600);
+
+#[derive(Default)]
+struct State {
+    /// (consumer, partition) -> committed next offset.
+    committed: HashMap<(String, i32), i64>,
+    /// Partitions assigned per consumer.
+    assigned: HashMap<String, Vec<i32>>,
+    first_assigned: Option<Instant>,
+    /// When each consumer reached every end offset.
+    finished: HashMap<String, Instant>,
+    /// Every commit, when `log` is on: (when, partition, next offset).
+    log: Vec<(Instant, i32, i64)>,
+}
+
+/// Records what the source reports, and when.
+pub struct Watch {
+    consumers: Vec<String>,
+    ends: BTreeMap<i32, i64>,
+    log: bool,
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl Watch {
+    /// Watches `consumers` until each has committed `ends` (partition -> next offset).
+    pub fn new(consumers: Vec<String>, ends: BTreeMap<i32, i64>, log: bool) -> Arc<Self> {
+        Arc::new(Self {
+            consumers,
+            ends,
+            log,
+            state: Mutex::new(State::default()),
+            changed: Notify::new(),
+        })
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        // A poisoned lock means an observer call panicked; the data is still usable.
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut guard)
+    }
+
+    /// Events committed so far, summed over consumers.
+    pub fn committed_total(&self) -> i64 {
+        self.with(|s| s.committed.values().sum())
+    }
+
+    /// Every commit, for the latency phase.
+    pub fn take_log(&self) -> Vec<(Instant, i32, i64)> {
+        self.with(|s| std::mem::take(&mut s.log))
+    }
+
+    async fn wait(&self, what: &str, done: impl Fn(&State) -> bool) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + PHASE_TIMEOUT;
+        loop {
+            let notified = self.changed.notified();
+            if self.with(|s| done(s)) {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                bail!("timed out after {PHASE_TIMEOUT:?} waiting for {what}");
+            }
+        }
+    }
+}
+
+impl Observer for Watch {
+    fn committed(&self, consumer: &str, partition: i32, next_offset: i64) {
+        let now = Instant::now();
+        self.with(|s| {
+            s.committed
+                .insert((consumer.to_owned(), partition), next_offset);
+            if self.log {
+                s.log.push((now, partition, next_offset));
+            }
+            let done = self.ends.iter().all(|(p, end)| {
+                s.committed
+                    .get(&(consumer.to_owned(), *p))
+                    .copied()
+                    .unwrap_or(0)
+                    >= *end
+            });
+            if done {
+                s.finished.entry(consumer.to_owned()).or_insert(now);
+            }
+        });
+        self.changed.notify_waiters();
+    }
+
+    fn assigned(&self, consumer: &str, partitions: &[i32]) {
+        let now = Instant::now();
+        self.with(|s| {
+            s.first_assigned.get_or_insert(now);
+            s.assigned
+                .entry(consumer.to_owned())
+                .or_default()
+                .extend_from_slice(partitions);
+        });
+        self.changed.notify_waiters();
+    }
+
+    fn fenced(&self, consumer: &str, partition: i32, start: i64, stored: i64) {
+        // A single consumer per group is never fenced; if it happens, the log says so.
+        tracing::warn!(
+            consumer,
+            partition,
+            start,
+            stored,
+            "bench: a batch was fenced"
+        );
+    }
+}
+
+/// What to feed the topic while the views run.
+pub enum Feed {
+    /// Nothing: the topic is already full (catch-up from the earliest offset).
+    Backlog,
+    /// These JSON lines, published while the views run: the first alone, and once it is
+    /// visible, the rest as fast as the producer takes them.
+    Live(Vec<String>),
+    /// The first line alone, and once it is visible, the rest at this rate per second.
+    Paced(Vec<String>, u64),
+}
+
+/// What a phase measured.
+pub struct Run {
+    /// Events each view applied inside the timed window.
+    pub events: u64,
+    /// The timed window: from the assignment (backlog) or from the moment the first event
+    /// was visible (live feeds), to the last commit.
+    pub elapsed: Duration,
+    /// For a fed topic, when each line was handed to the producer.
+    pub sent_at: Vec<Instant>,
+    /// Every commit, when the watch logs them.
+    pub commits: Vec<(Instant, i32, i64)>,
+}
+
+/// Runs `appliers` on `config.topic` until each has committed `watch`'s end offsets, feeding
+/// the topic as `feed` says, and stops them cleanly.
+pub async fn run(
+    label: &str,
+    pool: &Pool,
+    appliers: Vec<Arc<Applier>>,
+    config: KafkaConfig,
+    watch: Arc<Watch>,
+    feed: Feed,
+) -> anyhow::Result<Run> {
+    let per_view: i64 = watch.ends.values().sum();
+    let total = per_view * appliers.len() as i64;
+    let partitions = config_partitions(&watch);
+    let token = CancellationToken::new();
+    let mut task = tokio::spawn(run_views(
+        appliers,
+        pool.clone(),
+        config.clone(),
+        watch.clone(),
+        token.clone(),
+    ));
+    let ticker = tokio::spawn(progress(label.to_owned(), watch.clone(), total));
+
+    let result = async {
+        let consumers = watch.consumers.clone();
+        watch
+            .wait("every partition to be assigned", |s| {
+                consumers.iter().all(|c| {
+                    s.assigned
+                        .get(c)
+                        .is_some_and(|a| partitions.iter().all(|p| a.contains(p)))
+                })
+            })
+            .await?;
+        let (released_tx, released_rx) = oneshot::channel();
+        let (producer, warm_up) = match feed {
+            Feed::Backlog => (None, 0),
+            Feed::Live(lines) => (Some(produce(&config, lines, None, &watch, released_tx)), 1),
+            Feed::Paced(lines, rate) => (
+                Some(produce(&config, lines, Some(rate), &watch, released_tx)),
+                1,
+            ),
+        };
+        let started = match &producer {
+            None => watch.with(|s| s.first_assigned).unwrap_or_else(Instant::now),
+            Some(_) => match released_rx.await {
+                Ok(at) => at,
+                // The producer gave up before its first event was visible: say why.
+                Err(_) => match producer {
+                    Some(p) => {
+                        p.await.context("the producer thread failed")??;
+                        bail!("the producer stopped before its first event was visible")
+                    }
+                    None => bail!("no producer"),
+                },
+            },
+        };
+        let consumers = watch.consumers.clone();
+        let done = watch.wait("every event to be committed", |s| {
+            consumers.iter().all(|c| s.finished.contains_key(c))
+        });
+        tokio::select! {
+            r = done => r?,
+            // A view that stops early (a fatal error) ends run_views; say why.
+            r = &mut task => {
+                match r {
+                    Ok(Ok(())) => bail!("the views stopped before consuming everything"),
+                    Ok(Err(errors)) => bail!("the views stopped: {}", errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")),
+                    Err(e) => bail!("the view task failed: {e}"),
+                }
+            }
+        }
+        let sent_at = match producer {
+            None => Vec::new(),
+            Some(p) => {
+                let (report, sent_at) = p.await.context("the producer thread failed")??;
+                same_partitions(&report, &watch.ends)?;
+                sent_at
+            }
+        };
+        let finished = watch.with(|s| s.finished.values().max().copied());
+        let elapsed = finished
+            .unwrap_or_else(Instant::now)
+            .saturating_duration_since(started);
+        Ok(Run {
+            events: u64::try_from(per_view - warm_up).unwrap_or(0),
+            elapsed,
+            sent_at,
+            commits: watch.take_log(),
+        })
+    }
+    .await;
+
+    ticker.abort();
+    token.cancel();
+    if !task.is_finished() {
+        match tokio::time::timeout(Duration::from_secs(60), &mut task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(errors))) if result.is_ok() => bail!(
+                "{label}: the views stopped with errors: {}",
+                errors
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+            Ok(_) => {}
+            Err(_) => bail!("{label}: the views did not stop within a minute"),
+        }
+    }
+    result.with_context(|| format!("phase {label}"))
+}
+
+/// The producer of `projector publish`, with lz4 compression: the mock cluster keeps at
+/// most 5 MiB of message sets per partition and drops the oldest beyond that (librdkafka's
+/// `rdkafka_mock.c`, not configurable), and compressed sets let a partition hold about four
+/// times as many events. Consumers decompress, as they would against a real cluster.
+fn producer(brokers: &str, topic: &str) -> PublishConfig {
+    let mut config = PublishConfig::new(brokers, topic);
+    config
+        .properties
+        .push(("compression.type".to_owned(), "lz4".to_owned()));
+    config
+}
+
+type Produced = anyhow::Result<(PublishReport, Vec<Instant>)>;
+
+/// Publishes `lines` while the views run, on a thread and runtime of its own, as a producer
+/// in another process would be (on the engine's runtime, `publish_lines` would hold a worker
+/// thread for whole bursts and starve the engine's tasks).
+///
+/// The first line goes alone, and nothing more until every view has committed it: a new
+/// idempotent librdkafka producer waits about half a second for its producer id before it
+/// delivers anything, and that start-up belongs to the producer, not to the engine. Then
+/// `released` gets the time, and the rest goes as fast as the producer takes it, or at
+/// `rate` per second. Returns when each line was handed to the producer.
+fn produce(
+    config: &KafkaConfig,
+    lines: Vec<String>,
+    rate: Option<u64>,
+    watch: &Arc<Watch>,
+    released: oneshot::Sender<Instant>,
+) -> tokio::task::JoinHandle<Produced> {
+    let (brokers, topic) = (config.brokers.clone(), config.topic.clone());
+    let watch = watch.clone();
+    tokio::task::spawn_blocking(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the producer's runtime")?
+            .block_on(feed(brokers, topic, lines, rate, watch, released))
+    })
+}
+
+async fn feed(
+    brokers: String,
+    topic: String,
+    lines: Vec<String>,
+    rate: Option<u64>,
+    watch: Arc<Watch>,
+    released: oneshot::Sender<Instant>,
+) -> Produced {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let reader = Paced {
+        lines: rx,
+        line: Vec::new(),
+        pos: 0,
+    };
+    let count = lines.len();
+    let sender = tokio::spawn(async move {
+        let mut sent_at = Vec::with_capacity(count);
+        let mut lines = lines.into_iter();
+        let send = |line: String, sent_at: &mut Vec<Instant>| {
+            let mut bytes = line.into_bytes();
+            bytes.push(b'\n');
+            sent_at.push(Instant::now());
+            // Fails only when publishing stopped; its error is reported from there.
+            tx.send(bytes).is_ok()
+        };
+        let Some(first) = lines.next() else {
+            return Ok(sent_at);
+        };
+        send(first, &mut sent_at);
+        let consumers = watch.consumers.clone();
+        watch
+            .wait("the first event to be visible", |s| {
+                consumers.iter().all(|c| {
+                    s.committed
+                        .iter()
+                        .any(|((consumer, _), next)| consumer == c && *next > 0)
+                })
+            })
+            .await?;
+        let started = Instant::now();
+        let _ = released.send(started);
+        match rate {
+            None => {
+                for line in lines {
+                    if !send(line, &mut sent_at) {
+                        break;
+                    }
+                }
+            }
+            Some(rate) => {
+                let mut tick = tokio::time::interval(Duration::from_millis(1));
+                let rest = count - 1;
+                let mut done = 0usize;
+                while done < rest {
+                    tick.tick().await;
+                    let due = usize::try_from(
+                        started.elapsed().as_micros() * u128::from(rate) / 1_000_000,
+                    )
+                    .unwrap_or(usize::MAX)
+                    .min(rest);
+                    while done < due {
+                        let Some(line) = lines.next() else { break };
+                        if !send(line, &mut sent_at) {
+                            return Ok(sent_at);
+                        }
+                        done += 1;
+                    }
+                }
+            }
+        }
+        anyhow::Ok(sent_at)
+    });
+    let report = publish_lines(reader, &producer(&brokers, &topic))
+        .await
+        .with_context(|| format!("publishing to {topic}"))?;
+    let sent_at = sender.await.context("the sender failed")??;
+    if report.sent != count as u64 || sent_at.len() != count {
+        bail!(
+            "published {} of {count} events",
+            report.sent.min(sent_at.len() as u64)
+        );
+    }
+    Ok((report, sent_at))
+}
+
+/// The producer must have put each event where the bench computed it would (murmur2 of the
+/// account): the latency phase maps events to offsets by it.
+fn same_partitions(report: &PublishReport, ends: &BTreeMap<i32, i64>) -> anyhow::Result<()> {
+    let expected: BTreeMap<i32, u64> = ends
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(p, n)| (*p, n.unsigned_abs()))
+        .collect();
+    if report.partitions != expected {
+        bail!(
+            "the producer delivered {:?} events per partition; the bench expected {expected:?}",
+            report.partitions
+        );
+    }
+    Ok(())
+}
+
+fn config_partitions(watch: &Watch) -> Vec<i32> {
+    watch.ends.keys().copied().collect()
+}
+
+/// Prints progress on stderr every few seconds.
+async fn progress(label: String, watch: Arc<Watch>, total: i64) {
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let done = watch.committed_total();
+        eprintln!(
+            "  {label}: {done} of {total} events committed after {} s",
+            started.elapsed().as_secs()
+        );
+    }
+}
+
+/// Lines arriving on a channel, as the producer's input.
+struct Paced {
+    lines: mpsc::UnboundedReceiver<Vec<u8>>,
+    line: Vec<u8>,
+    pos: usize,
+}
+
+impl AsyncRead for Paced {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let available = match self.as_mut().poll_fill_buf(cx) {
+            Poll::Ready(Ok(available)) => available,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        };
+        let n = available.len().min(out.remaining());
+        out.put_slice(&available[..n]);
+        self.consume(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncBufRead for Paced {
+    fn poll_fill_buf(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<&[u8]>> {
+        let this = self.get_mut();
+        while this.pos >= this.line.len() {
+            match this.lines.poll_recv(cx) {
+                Poll::Ready(Some(line)) => {
+                    this.line = line;
+                    this.pos = 0;
+                }
+                // The sender is done: end of input.
+                Poll::Ready(None) => break,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(this.line.get(this.pos..).unwrap_or_default()))
+    }
+
+    fn consume(self: Pin<&mut Self>, amt: usize) {
+        let this = self.get_mut();
+        this.pos = (this.pos + amt).min(this.line.len());
+    }
+}
+
+/// Publish-to-visible latency of each paced event: the first commit of its partition whose
+/// next offset passes the event's offset, minus when the event was handed to the producer.
+pub fn latencies(
+    placement: &[(i32, i64)],
+    sent_at: &[Instant],
+    commits: &[(Instant, i32, i64)],
+) -> anyhow::Result<Vec<Duration>> {
+    let mut by_partition: HashMap<i32, Vec<(i64, Instant)>> = HashMap::new();
+    for &(at, p, next) in commits {
+        by_partition.entry(p).or_default().push((next, at));
+    }
+    for list in by_partition.values_mut() {
+        list.sort_by_key(|&(next, at)| (next, at));
+    }
+    let mut out = Vec::with_capacity(sent_at.len());
+    for (&(p, offset), &sent) in placement.iter().zip(sent_at) {
+        let list = by_partition.get(&p).map(Vec::as_slice).unwrap_or_default();
+        let i = list.partition_point(|&(next, _)| next <= offset);
+        let Some(&(_, visible)) = list.get(i) else {
+            bail!("no commit covers partition {p} offset {offset}");
+        };
+        out.push(visible.saturating_duration_since(sent));
+    }
+    Ok(out)
+}

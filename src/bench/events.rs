@@ -1,0 +1,637 @@
+//! The bench's events and their fold, computed here in integer arithmetic.
+//!
+//! The fold is independent of the engine and of the views' SQL: every phase's rows are
+//! compared with it, so a fast figure cannot come from a skipped or doubled event. It also
+//! gives the ceiling the row values each event leaves behind, so that the ceiling measures
+//! writes only.
+//!
+//! Quantities are whole lots and prices have five decimals, so every value of the three
+//! views is an exact integer at scale 10 (`i128`); no floating point anywhere.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// Symbols and their base prices in units of 1e-5.
+const SYMBOLS: [(&str, i64); 4] = [
+    ("EURUSD", 108_420),
+    ("GBPUSD", 126_310),
+    ("USDJPY", 15_012_300),
+    ("XAUUSD", 265_012_000),
+];
+
+/// Trading days the events span; `occurred_at` spreads evenly over them.
+const DAYS: [&str; 2] = ["2026-11-29", "2026-11-30"];
+const DAY_MS: u64 = 86_400_000;
+
+/// Prices have five decimals; this lifts them to scale 10.
+const PRICE_TO_10: i128 = 100_000;
+
+/// What happened, with the values the views read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    /// `fill_executed`.
+    Fill {
+        symbol: usize,
+        buy: bool,
+        qty: i64,
+        /// Units of 1e-5.
+        price: i64,
+        /// Units of 1e-2.
+        fee: i64,
+    },
+    /// `fill_busted`: reverses the named fill, with its symbol, side, quantity and price.
+    Bust {
+        fill_event_id: String,
+        symbol: usize,
+        buy: bool,
+        qty: i64,
+        price: i64,
+    },
+    /// `cash_adjusted`; units of 1e-2, never zero.
+    Cash { amount: i64 },
+}
+
+/// One event of the stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BenchEvent {
+    pub event_id: String,
+    pub account_id: i64,
+    pub seq: i64,
+    /// Milliseconds after midnight UTC of the first trading day.
+    pub at_ms: u64,
+    pub kind: Kind,
+}
+
+impl BenchEvent {
+    /// Whether the portfolio and risk views apply it (they ignore cash).
+    pub fn is_trade(&self) -> bool {
+        !matches!(self.kind, Kind::Cash { .. })
+    }
+
+    /// The wire format: one JSON line, without the newline. Every field is generated here
+    /// from plain ASCII, so nothing needs escaping.
+    pub fn payload(&self) -> String {
+        let (kind, data) = match &self.kind {
+            Kind::Fill {
+                symbol,
+                buy,
+                qty,
+                price,
+                fee,
+            } => (
+                "fill_executed",
+                format!(
+                    r#"{{"symbol":"{}","side":"{}","qty":"{qty}","price":"{}","fee":"{}"}}"#,
+                    SYMBOLS[*symbol].0,
+                    side(*buy),
+                    fixed(i128::from(*price), 5),
+                    fixed(i128::from(*fee), 2),
+                ),
+            ),
+            Kind::Bust {
+                fill_event_id,
+                symbol,
+                buy,
+                qty,
+                price,
+            } => (
+                "fill_busted",
+                format!(
+                    r#"{{"fill_event_id":"{fill_event_id}","symbol":"{}","side":"{}","qty":"{qty}","price":"{}"}}"#,
+                    SYMBOLS[*symbol].0,
+                    side(*buy),
+                    fixed(i128::from(*price), 5),
+                ),
+            ),
+            Kind::Cash { amount } => (
+                "cash_adjusted",
+                format!(
+                    r#"{{"amount":"{}","reason":"{}"}}"#,
+                    fixed(i128::from(*amount), 2),
+                    if *amount > 0 { "deposit" } else { "withdrawal" }
+                ),
+            ),
+        };
+        format!(
+            r#"{{"event_id":"{}","type":"{kind}","account_id":{},"seq":{},"occurred_at":"{}","data":{data}}}"#,
+            self.event_id,
+            self.account_id,
+            self.seq,
+            timestamp(self.at_ms),
+        )
+    }
+}
+
+fn side(buy: bool) -> &'static str {
+    if buy {
+        "buy"
+    } else {
+        "sell"
+    }
+}
+
+/// RFC 3339 text of a time `ms` after the first trading day's midnight, UTC.
+pub fn timestamp(ms: u64) -> String {
+    let day = DAYS[usize::try_from(ms / DAY_MS)
+        .unwrap_or(0)
+        .min(DAYS.len() - 1)];
+    let t = ms % DAY_MS;
+    format!(
+        "{day}T{:02}:{:02}:{:02}.{:03}Z",
+        t / 3_600_000,
+        t / 60_000 % 60,
+        t / 1000 % 60,
+        t % 1000
+    )
+}
+
+/// A scaled integer as decimal text: `fixed(-12345, 2)` is `-123.45`.
+pub fn fixed(value: i128, scale: u32) -> String {
+    let unit = 10i128.pow(scale);
+    let sign = if value < 0 { "-" } else { "" };
+    let abs = value.unsigned_abs();
+    let unit = unit.unsigned_abs();
+    if scale == 0 {
+        return format!("{sign}{abs}");
+    }
+    format!(
+        "{sign}{}.{:0width$}",
+        abs / unit,
+        abs % unit,
+        width = scale as usize
+    )
+}
+
+/// A small deterministic generator: the same arguments give the same stream.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n.max(1)
+    }
+}
+
+/// `count` events over `accounts` accounts: about 90% fills, 4% busts of earlier fills of the
+/// same account, 6% cash movements; random buys and sells, so positions open, add, reduce,
+/// close and flip. Each account's events are in `seq` order; accounts interleave randomly.
+/// `prefix` makes the event ids of two streams distinct.
+pub fn generate(prefix: &str, count: usize, accounts: i64, seed: u64) -> Vec<BenchEvent> {
+    let mut rng = Lcg(seed);
+    let accounts = accounts.max(1);
+    let mut seqs: HashMap<i64, i64> = HashMap::new();
+    // Fills not yet busted, per account: (event id, symbol, buy, qty, price).
+    type OpenFill = (String, usize, bool, i64, i64);
+    let mut open_fills: HashMap<i64, Vec<OpenFill>> = HashMap::new();
+    let span = (DAYS.len() as u64) * DAY_MS - 1;
+    let n = count.max(1) as u64;
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count as u64 {
+        let account_id = 1 + rng.below(accounts.unsigned_abs()) as i64;
+        let seq = {
+            let s = seqs.entry(account_id).or_insert(0);
+            *s += 1;
+            *s
+        };
+        let event_id = format!("{prefix}-{account_id}-{seq}");
+        let at_ms = i * span / n;
+        let roll = rng.below(100);
+        let fills = open_fills.entry(account_id).or_default();
+        let kind = if roll < 4 && !fills.is_empty() {
+            let k = rng.below(fills.len() as u64) as usize;
+            let (fill_event_id, symbol, buy, qty, price) = fills.swap_remove(k);
+            Kind::Bust {
+                fill_event_id,
+                symbol,
+                buy,
+                qty,
+                price,
+            }
+        } else if roll < 10 {
+            let cents = 1 + rng.below(100_000) as i64;
+            Kind::Cash {
+                amount: if rng.below(2) == 0 { cents } else { -cents },
+            }
+        } else {
+            let symbol = rng.below(SYMBOLS.len() as u64) as usize;
+            let base = SYMBOLS[symbol].1;
+            // Within 1% of the base price.
+            let price = base - base / 100 + rng.below((base / 50).unsigned_abs().max(1)) as i64;
+            let buy = rng.below(2) == 0;
+            let qty = 1 + rng.below(100) as i64;
+            fills.push((event_id.clone(), symbol, buy, qty, price));
+            Kind::Fill {
+                symbol,
+                buy,
+                qty,
+                price,
+                fee: rng.below(201) as i64,
+            }
+        };
+        out.push(BenchEvent {
+            event_id,
+            account_id,
+            seq,
+            at_ms,
+            kind,
+        });
+    }
+    out
+}
+
+/// A trade as the views book it: the signed direction (+1 buys, -1 sells; a bust is the
+/// opposite of its fill), quantity and price at scale 10.
+fn trade(kind: &Kind) -> Option<(usize, i128, i128, i128)> {
+    match kind {
+        Kind::Fill {
+            symbol,
+            buy,
+            qty,
+            price,
+            ..
+        } => Some((
+            *symbol,
+            if *buy { 1 } else { -1 },
+            i128::from(*qty),
+            i128::from(*price) * PRICE_TO_10,
+        )),
+        Kind::Bust {
+            symbol,
+            buy,
+            qty,
+            price,
+            ..
+        } => Some((
+            *symbol,
+            if *buy { -1 } else { 1 },
+            i128::from(*qty),
+            i128::from(*price) * PRICE_TO_10,
+        )),
+        Kind::Cash { .. } => None,
+    }
+}
+
+/// One `portfolio_vN` row, values at scale 10 (`net_qty` in lots).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Position {
+    pub net_qty: i128,
+    pub avg_price: i128,
+    pub realized_pnl: i128,
+    pub last_trade_ms: u64,
+    pub version: i64,
+}
+
+impl Position {
+    /// The portfolio rules of `docs/views.md`, as `portfolio.sql` computes them: weighted
+    /// average on increase rounded once to 10 places (half up, the values are never negative),
+    /// unchanged on reduce, zero on an exact close, the trade price on a flip; realized P&L on
+    /// the closed part.
+    fn apply(&mut self, s: i128, x: i128, p: i128, at_ms: u64, seq: i64) {
+        let (q, a) = (self.net_qty, self.avg_price);
+        if q == 0 || q.signum() == s {
+            let d = q.abs() + x;
+            // n = |q| a + x p at scale 10; round(n / d) at scale 10 is floor((2n + d) / 2d).
+            let n = q.abs() * a + x * p;
+            self.avg_price = (2 * n + d) / (2 * d);
+        } else {
+            let closed = q.abs().min(x);
+            self.realized_pnl += closed * (p - a) * q.signum();
+            if x == q.abs() {
+                self.avg_price = 0;
+            } else if x > q.abs() {
+                self.avg_price = p;
+            }
+        }
+        self.net_qty = q + s * x;
+        self.last_trade_ms = at_ms;
+        self.version = seq;
+    }
+}
+
+/// The rows every view should hold after a set of events.
+#[derive(Debug, Clone, Default)]
+pub struct Fold {
+    /// `portfolio_vN`, by (account, symbol index).
+    pub portfolio: BTreeMap<(i64, usize), Position>,
+    /// `risk_positions_vN`: (net_qty, last_price at scale 10, version).
+    pub risk_positions: BTreeMap<(i64, usize), (i128, i128, i64)>,
+    /// `eod_vN`, by (account, day index).
+    pub eod: BTreeMap<(i64, usize), Day>,
+    /// Per portfolio event, in stream order: the row it leaves behind (what the ceiling
+    /// writes).
+    pub portfolio_writes: Vec<(i64, usize, Position)>,
+    /// Events the portfolio and risk views apply.
+    pub trades: u64,
+    /// All events.
+    pub events: u64,
+    /// The last `seq` per account.
+    pub last_seq: BTreeMap<i64, i64>,
+}
+
+/// One `eod_vN` row; quantities in lots, notionals at scale 5, money at scale 2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Day {
+    pub fills: i64,
+    pub busts: i64,
+    pub bought_qty: i128,
+    pub sold_qty: i128,
+    pub bought_notional: i128,
+    pub sold_notional: i128,
+    pub fees: i128,
+    pub cash_in: i128,
+    pub cash_out: i128,
+}
+
+/// Folds events given in any order that keeps each account's `seq` order.
+pub fn fold<'a>(events: impl IntoIterator<Item = &'a BenchEvent>, keep_writes: bool) -> Fold {
+    let mut f = Fold::default();
+    for e in events {
+        f.events += 1;
+        f.last_seq.insert(e.account_id, e.seq);
+        let day = usize::try_from(e.at_ms / DAY_MS).unwrap_or(0);
+        let d = f.eod.entry((e.account_id, day)).or_default();
+        match &e.kind {
+            Kind::Fill {
+                buy,
+                qty,
+                price,
+                fee,
+                ..
+            } => {
+                d.fills += 1;
+                d.fees += i128::from(*fee);
+                book_day(d, *buy, 1, *qty, *price);
+            }
+            Kind::Bust {
+                buy, qty, price, ..
+            } => {
+                d.busts += 1;
+                book_day(d, *buy, -1, *qty, *price);
+            }
+            Kind::Cash { amount } => {
+                if *amount > 0 {
+                    d.cash_in += i128::from(*amount);
+                } else {
+                    d.cash_out -= i128::from(*amount);
+                }
+            }
+        }
+        let Some((symbol, s, x, p)) = trade(&e.kind) else {
+            continue;
+        };
+        f.trades += 1;
+        let key = (e.account_id, symbol);
+        let pos = f.portfolio.entry(key).or_default();
+        pos.apply(s, x, p, e.at_ms, e.seq);
+        if keep_writes {
+            f.portfolio_writes.push((e.account_id, symbol, *pos));
+        }
+        let r = f.risk_positions.entry(key).or_insert((0, 0, 0));
+        *r = (r.0 + s * x, p, e.seq);
+    }
+    f
+}
+
+fn book_day(d: &mut Day, buy: bool, direction: i128, qty: i64, price: i64) {
+    let q = direction * i128::from(qty);
+    let notional = q * i128::from(price);
+    if buy {
+        d.bought_qty += q;
+        d.bought_notional += notional;
+    } else {
+        d.sold_qty += q;
+        d.sold_notional += notional;
+    }
+}
+
+/// Expected rows of one table as text columns, for [`super::check::table`].
+#[derive(Debug, Clone)]
+pub struct Expected {
+    /// The table, e.g. `portfolio_v1`.
+    pub table: String,
+    /// (column, SQL type to cast the text to); the first `keys` columns identify a row.
+    pub columns: Vec<(&'static str, &'static str)>,
+    pub keys: usize,
+    /// One vector per column; `None` is SQL NULL.
+    pub values: Vec<Vec<Option<String>>>,
+}
+
+impl Expected {
+    fn new(table: String, columns: Vec<(&'static str, &'static str)>, keys: usize) -> Self {
+        let values = vec![Vec::new(); columns.len()];
+        Self {
+            table,
+            columns,
+            keys,
+            values,
+        }
+    }
+
+    fn push(&mut self, row: Vec<Option<String>>) {
+        for (column, value) in self.values.iter_mut().zip(row) {
+            column.push(value);
+        }
+    }
+}
+
+fn some(s: impl Into<String>) -> Option<String> {
+    Some(s.into())
+}
+
+/// Text of a portfolio row's columns after the key, shared with the ceiling's writes.
+pub fn position_text(p: &Position) -> [String; 5] {
+    [
+        fixed(p.net_qty, 0),
+        fixed(p.avg_price, 10),
+        fixed(p.realized_pnl, 10),
+        timestamp(p.last_trade_ms),
+        p.version.to_string(),
+    ]
+}
+
+/// The symbol's name.
+pub fn symbol(i: usize) -> &'static str {
+    SYMBOLS[i].0
+}
+
+impl Fold {
+    /// `portfolio_v<version>`.
+    pub fn portfolio_rows(&self, version: i32) -> Expected {
+        let mut e = Expected::new(
+            format!("portfolio_v{version}"),
+            vec![
+                ("account_id", "bigint"),
+                ("symbol", "text"),
+                ("net_qty", "numeric"),
+                ("avg_price", "numeric"),
+                ("realized_pnl", "numeric"),
+                ("last_trade_at", "timestamptz"),
+                ("version", "bigint"),
+            ],
+            2,
+        );
+        for (&(account, s), p) in &self.portfolio {
+            let mut row = vec![some(account.to_string()), some(symbol(s))];
+            row.extend(position_text(p).into_iter().map(Some));
+            e.push(row);
+        }
+        e
+    }
+
+    /// `risk_positions_v<version>` and `risk_v<version>`.
+    pub fn risk_rows(&self, version: i32) -> [Expected; 2] {
+        let mut positions = Expected::new(
+            format!("risk_positions_v{version}"),
+            vec![
+                ("account_id", "bigint"),
+                ("symbol", "text"),
+                ("net_qty", "numeric"),
+                ("last_price", "numeric"),
+                ("version", "bigint"),
+            ],
+            2,
+        );
+        // Per account: gross, net, open positions, largest (notional, symbol), version.
+        type Totals = (i128, i128, i64, Option<(i128, &'static str)>, i64);
+        let mut accounts: BTreeMap<i64, Totals> = BTreeMap::new();
+        for (&(account, s), &(q, lp, version)) in &self.risk_positions {
+            positions.push(vec![
+                some(account.to_string()),
+                some(symbol(s)),
+                some(fixed(q, 0)),
+                some(fixed(lp, 10)),
+                some(version.to_string()),
+            ]);
+            let t = accounts.entry(account).or_insert((0, 0, 0, None, 0));
+            t.4 = t.4.max(version);
+            if q == 0 {
+                continue;
+            }
+            let exposure = q.abs() * lp;
+            t.0 += exposure;
+            t.1 += q * lp;
+            t.2 += 1;
+            // Greatest exposure; ties go to the smallest symbol in byte order.
+            let better = match t.3 {
+                None => true,
+                Some((n, name)) => exposure > n || (exposure == n && symbol(s) < name),
+            };
+            if better {
+                t.3 = Some((exposure, symbol(s)));
+            }
+        }
+        let mut risk = Expected::new(
+            format!("risk_v{version}"),
+            vec![
+                ("account_id", "bigint"),
+                ("gross_exposure", "numeric"),
+                ("net_exposure", "numeric"),
+                ("open_positions", "bigint"),
+                ("largest_position_symbol", "text"),
+                ("largest_position_notional", "numeric"),
+                ("version", "bigint"),
+            ],
+            1,
+        );
+        for (account, (gross, net, open, largest, version)) in accounts {
+            risk.push(vec![
+                some(account.to_string()),
+                some(fixed(gross, 10)),
+                some(fixed(net, 10)),
+                some(open.to_string()),
+                largest.map(|(_, s)| s.to_owned()),
+                some(fixed(largest.map_or(0, |(n, _)| n), 10)),
+                some(version.to_string()),
+            ]);
+        }
+        [positions, risk]
+    }
+
+    /// `eod_v<version>`.
+    pub fn eod_rows(&self, version: i32) -> Expected {
+        let mut e = Expected::new(
+            format!("eod_v{version}"),
+            vec![
+                ("account_id", "bigint"),
+                ("trading_day", "date"),
+                ("fills", "bigint"),
+                ("busts", "bigint"),
+                ("bought_qty", "numeric"),
+                ("sold_qty", "numeric"),
+                ("bought_notional", "numeric"),
+                ("sold_notional", "numeric"),
+                ("fees", "numeric"),
+                ("cash_in", "numeric"),
+                ("cash_out", "numeric"),
+            ],
+            2,
+        );
+        for (&(account, day), d) in &self.eod {
+            e.push(vec![
+                some(account.to_string()),
+                some(DAYS[day.min(DAYS.len() - 1)]),
+                some(d.fills.to_string()),
+                some(d.busts.to_string()),
+                some(fixed(d.bought_qty, 0)),
+                some(fixed(d.sold_qty, 0)),
+                some(fixed(d.bought_notional, 5)),
+                some(fixed(d.sold_notional, 5)),
+                some(fixed(d.fees, 2)),
+                some(fixed(d.cash_in, 2)),
+                some(fixed(d.cash_out, 2)),
+            ]);
+        }
+        e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_point_text() {
+        assert_eq!(fixed(-12345, 2), "-123.45");
+        assert_eq!(fixed(5, 3), "0.005");
+        assert_eq!(fixed(-5, 3), "-0.005");
+        assert_eq!(fixed(42, 0), "42");
+        assert_eq!(timestamp(DAY_MS + 3_723_004), "2026-11-30T01:02:03.004Z");
+    }
+
+    /// 10^10: the scale every fold value is kept at.
+    const SCALE10: i128 = 10_000_000_000;
+
+    #[test]
+    fn the_portfolio_rules() {
+        let mut p = Position::default();
+        let price = |x: i128| x * SCALE10 / 100;
+        p.apply(1, 100, price(110), 0, 1); // buy 100 @ 1.10
+        p.apply(1, 50, price(120), 0, 2); // buy 50 @ 1.20: avg (110 + 60) / 150
+        assert_eq!(p.net_qty, 150);
+        assert_eq!(fixed(p.avg_price, 10), "1.1333333333");
+        p.apply(-1, 30, price(130), 0, 3); // reduce: avg unchanged
+        assert_eq!(p.avg_price, 11_333_333_333);
+        assert_eq!(p.realized_pnl, 30 * (price(130) - 11_333_333_333));
+        p.apply(-1, 200, price(100), 0, 4); // flip to -80 @ 1.00
+        assert_eq!((p.net_qty, p.avg_price), (-80, price(100)));
+        p.apply(1, 80, price(90), 0, 5); // close the short exactly
+        assert_eq!((p.net_qty, p.avg_price), (0, 0));
+    }
+
+    #[test]
+    fn streams_are_deterministic_and_in_seq_order() {
+        let a = generate("x", 5000, 40, 7);
+        assert_eq!(a, generate("x", 5000, 40, 7));
+        let mut last: HashMap<i64, i64> = HashMap::new();
+        for e in &a {
+            let prev = last.insert(e.account_id, e.seq).unwrap_or(0);
+            assert_eq!(e.seq, prev + 1);
+        }
+        assert!(a.iter().any(|e| matches!(e.kind, Kind::Bust { .. })));
+        assert!(a.iter().any(|e| matches!(e.kind, Kind::Cash { .. })));
+        let f = fold(&a, true);
+        assert_eq!(f.portfolio_writes.len() as u64, f.trades);
+    }
+}

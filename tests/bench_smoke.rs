@@ -1,0 +1,106 @@
+//! `projector bench` end to end with small arguments: it must finish, check its own results
+//! and print every figure as JSON. The figures of a debug build on a busy machine mean
+//! nothing; that they are there, positive, and came from checked work is what this asserts.
+
+use std::process::{Command, Stdio};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use rust_decimal::Decimal;
+
+const KEYS: [&str; 9] = [
+    "naive_eps",
+    "engine_eps",
+    "engine_all_views_eps",
+    "ceiling_eps",
+    "catch_up_eps",
+    "p50_ms",
+    "p99_ms",
+    "engine_over_naive",
+    "engine_over_ceiling",
+];
+
+#[test]
+fn the_bench_reports_every_figure_as_json() {
+    let url = projector_engine::testkit::admin_url();
+    let started = Instant::now();
+    let child = Command::new(env!("CARGO_BIN_EXE_projector"))
+        .args([
+            "--database-url",
+            &url,
+            "bench",
+            "--events",
+            "2000",
+            "--accounts",
+            "50",
+            "--json",
+            "--naive-seconds",
+            "2",
+            "--latency-seconds",
+            "2",
+            "--repeat",
+            "1",
+        ])
+        .env("PROJECTOR_LOG", "error")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start projector bench");
+    let scratch = format!("projector_bench_{}", child.id());
+    let out = child.wait_with_output().expect("run projector bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "projector bench failed ({}):\n{stderr}",
+        out.status
+    );
+    assert!(
+        stderr.contains("rows equal the fold"),
+        "the bench did not report its exactness checks:\n{stderr}"
+    );
+
+    // Standard output is the JSON alone, so scripts can read it.
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "standard output is not JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    for key in KEYS {
+        let value = json
+            .get(key)
+            .and_then(serde_json::Value::as_number)
+            .unwrap_or_else(|| panic!("{key} is missing or not a number in {json}"));
+        // Read the number from its text: no floating point in this workspace.
+        let value = Decimal::from_str(&value.to_string())
+            .unwrap_or_else(|e| panic!("{key} = {value} is not a decimal: {e}"));
+        assert!(value > Decimal::ZERO, "{key} = {value} is not positive");
+    }
+    assert_eq!(json["events"], 2000);
+    assert_eq!(json["accounts"], 50);
+
+    // The scratch database was dropped.
+    let left = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            let pool = projector_engine::db::pool(&url, 1).expect("pool");
+            let client = pool.get().await.expect("connect");
+            client
+                .query_one(
+                    "SELECT count(*) FROM pg_database WHERE datname = $1",
+                    &[&scratch],
+                )
+                .await
+                .expect("query")
+                .get::<_, i64>(0)
+        });
+    assert_eq!(left, 0, "the scratch database {scratch} was not dropped");
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "the small bench took {:?}",
+        started.elapsed()
+    );
+}
