@@ -1,13 +1,11 @@
 //! Fencing: the offset update is conditional on the row locked at the start of the batch,
 //! so a writer that lost its partition (a zombie after a rebalance) cannot commit.
 
-mod support;
-
 use std::sync::Arc;
 
+use crate::support::{fills, rows, trail_fold, Trail};
 use projector_engine::testkit::{consume, Partition, TestDb};
 use projector_engine::{Applier, ApplyError, Registry, SourceOrdering};
-use support::{fills, rows, trail_fold, Trail};
 
 async fn setup() -> (TestDb, Arc<Applier>, Partition) {
     let registry = Registry::new().register(Trail::new(1)).expect("registry");

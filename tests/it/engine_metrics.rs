@@ -1,15 +1,13 @@
 //! The counters a batch records through the `metrics` facade, read back with a debugging
 //! recorder: `projector_duplicates_total` is a sensor, so it must count what happened.
 
-mod support;
-
 use std::sync::Arc;
 
+use crate::support::{fills, Trail};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use projector_engine::testkit::{Partition, TestDb};
 use projector_engine::{Applier, Registry, SourceOrdering};
-use support::{fills, Trail};
 
 /// A counter's name, labels and value.
 type Counter = (String, Vec<(String, String)>, u64);
@@ -19,14 +17,17 @@ fn counter(snapshot: &[Counter], name: &str, kind: Option<&str>) -> u64 {
         .iter()
         .filter(|(n, labels, _)| {
             n == name
-                && labels
-                    .iter()
-                    .any(|(k, v)| k == "consumer" && v == "trail_v1")
+                && labels.iter().any(|(k, v)| k == "consumer" && v == CONSUMER)
                 && kind.is_none_or(|kind| labels.iter().any(|(k, v)| k == "kind" && v == kind))
         })
         .map(|(_, _, v)| *v)
         .sum()
 }
+
+/// The recorder is global to the test binary, and other tests apply `trail_v1` batches at the
+/// same time: a version of its own keeps their counts out of this test's.
+const VERSION: i32 = 77;
+const CONSUMER: &str = "trail_v77";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_records_what_it_did() {
@@ -34,12 +35,14 @@ async fn a_batch_records_what_it_did() {
     let snapshotter = recorder.snapshotter();
     recorder
         .install()
-        .expect("the only recorder in this test binary");
+        .expect("the only recorder in the test binary");
 
-    let registry = Registry::new().register(Trail::new(1)).expect("registry");
+    let registry = Registry::new()
+        .register(Trail::new(VERSION))
+        .expect("registry");
     let db = TestDb::new(&registry).await;
     let applier =
-        Applier::new(Arc::new(Trail::new(1)), SourceOrdering::PerAccount).expect("applier");
+        Applier::new(Arc::new(Trail::new(VERSION)), SourceOrdering::PerAccount).expect("applier");
     let events = fills(3, 4);
     let mut log = Partition::from_events("fills", 0, &events);
     log.push_event(&events[0]); // a duplicate

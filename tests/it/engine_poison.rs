@@ -1,14 +1,12 @@
 //! Poison and odd messages: none panics, none is lost. Every offset ends applied, ignored,
 //! dead-lettered (with its raw bytes) or waiting (with its raw bytes).
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::support::Trail;
 use projector_engine::testkit::{fill, EventSpec, Partition, TestDb};
 use projector_engine::{Applier, Disposition, Registry, SourceOrdering};
-use support::Trail;
 
 const AT: &str = "2026-11-29T10:15:00Z";
 

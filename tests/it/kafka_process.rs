@@ -1,18 +1,16 @@
 //! `projector run` as a real process: killed with SIGKILL at random moments, scaled out to
 //! two processes, stopped with SIGTERM, and refusing bad configuration in one line.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use crate::support::fills;
+use crate::support::kafka::publish;
+use crate::support::process::{run_to_end, Projector};
 use projector_engine::kafka::devbroker::DevBroker;
 use projector_engine::testkit::conformance::dump;
 use projector_engine::testkit::{consume, EventSpec, Lcg, Partition, TestDb};
 use projector_engine::{Applier, SourceOrdering};
-use support::fills;
-use support::kafka::publish;
-use support::process::{run_to_end, Projector};
 
 const LIMIT: Duration = Duration::from_secs(120);
 

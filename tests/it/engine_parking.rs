@@ -1,13 +1,11 @@
 //! Gaps and failing statements park an account; its later events wait in order in
 //! PostgreSQL; other accounts go on.
 
-mod support;
-
 use std::sync::Arc;
 
+use crate::support::{rows, trail_fold, Trail};
 use projector_engine::testkit::{fill, Partition, TestDb};
 use projector_engine::{Applier, Disposition, Registry, SourceOrdering};
-use support::{rows, trail_fold, Trail};
 
 const AT: &str = "2026-11-29T10:15:00Z";
 

@@ -1,17 +1,15 @@
 //! The Kafka source against librdkafka's mock cluster (a real Kafka-protocol broker in this
 //! process) and real PostgreSQL: rebalances, zombies, republishes and faults.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::kafka::{add, config, publish, Progress, Tee};
+use crate::support::{fills, rows, trail_fold, Trail};
 use projector_engine::kafka::devbroker::DevBroker;
 use projector_engine::kafka::source::{run_view, Observer};
 use projector_engine::testkit::{EventSpec, TestDb};
 use projector_engine::{Applier, Batch, Registry, SourceOrdering};
-use support::kafka::{add, config, publish, Progress, Tee};
-use support::{fills, rows, trail_fold, Trail};
 use tokio_util::sync::CancellationToken;
 
 const MINUTES: Duration = Duration::from_secs(180);

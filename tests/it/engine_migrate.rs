@@ -1,13 +1,11 @@
 //! `migrate` is repeatable, registers views, and the engine refuses configurations it cannot
 //! keep exactly-once with a one-line reason.
 
-mod support;
-
 use std::sync::Arc;
 
+use crate::support::Trail;
 use projector_engine::testkit::TestDb;
 use projector_engine::{migrate, Applier, DedupMode, Registry, SourceOrdering, ViewError};
-use support::Trail;
 
 /// Everything `migrate` could change: tables and columns, indexes, constraints, views, the
 /// migration history and the view registry.

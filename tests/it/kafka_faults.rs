@@ -2,17 +2,15 @@
 //! PostgreSQL connections killed with `pg_terminate_backend` mid-stream. No loss, no
 //! duplicate effect, and the consumer recovers without a restart.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::kafka::{config, publish, Progress};
+use crate::support::{fills, rows, trail_fold, Trail};
 use projector_engine::kafka::devbroker::{DevBroker, RDKafkaApiKey, RDKafkaRespErr};
 use projector_engine::kafka::source::run_view;
 use projector_engine::testkit::TestDb;
 use projector_engine::{Applier, Registry, SourceOrdering};
-use support::kafka::{config, publish, Progress};
-use support::{fills, rows, trail_fold, Trail};
 use tokio_util::sync::CancellationToken;
 
 const LIMIT: Duration = Duration::from_secs(180);

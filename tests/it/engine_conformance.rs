@@ -1,11 +1,9 @@
 //! The conformance suite over the engine's small test view, checked against the fold.
 
-mod support;
-
 use std::sync::Arc;
 
+use crate::support::{fills, trail_fold, Trail};
 use projector_engine::testkit::conformance::{self, Factory};
-use support::{fills, trail_fold, Trail};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trail_passes_the_conformance_suite_and_equals_the_fold() {

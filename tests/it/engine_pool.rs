@@ -1,13 +1,11 @@
 //! A pooled connection is never handed out inside a transaction, even when the future that
 //! used it was dropped half-way through a batch (a task aborted by shutdown, a timeout).
 
-mod support;
-
 use std::sync::Arc;
 
+use crate::support::{fills, rows, trail_fold, Trail};
 use projector_engine::testkit::{consume, Partition, TestDb};
 use projector_engine::{Applier, Registry, SourceOrdering};
-use support::{fills, rows, trail_fold, Trail};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_cancelled_at_any_point_leave_no_transaction_behind() {

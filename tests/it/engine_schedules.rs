@@ -3,17 +3,15 @@
 //! crashes between apply and commit ends with the fold of the distinct events in per-account
 //! `seq` order, and with nothing lost.
 
-mod support;
-
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
+use crate::support::{trail_fold, Trail};
 use projector_engine::testkit::{fill, EventSpec, Partition, TestDb};
 use projector_engine::{migrate, Applier, ApplyError, Disposition, Registry, SourceOrdering};
-use support::{trail_fold, Trail};
 
 #[derive(Debug, Clone)]
 enum Step {

@@ -1,0 +1,22 @@
+//! The integration tests, in one binary so that CI links once: against real PostgreSQL (a
+//! database per test) and, for the Kafka tests, librdkafka's mock cluster.
+
+mod support;
+
+mod bench_smoke;
+mod cli;
+mod engine_conformance;
+mod engine_fencing;
+mod engine_metrics;
+mod engine_migrate;
+mod engine_parking;
+mod engine_poison;
+mod engine_pool;
+mod engine_schedules;
+mod kafka_faults;
+mod kafka_partitioner;
+mod kafka_process;
+mod kafka_publish;
+mod kafka_source;
+mod views_conformance;
+mod views_golden;
