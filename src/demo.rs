@@ -77,8 +77,8 @@ pub async fn run(database_url: &str, args: Args) -> anyhow::Result<()> {
             total.applied,
             total.ignored,
             total.duplicates(),
-            total.poison + total.failed,
-            total.parked
+            total.dead_lettered(),
+            total.waiting
         );
     }
 

@@ -1,16 +1,25 @@
 //! The wire format: decoding one Kafka message into an [`Event`], or saying exactly why not.
 //!
-//! A message that is not valid UTF-8 or JSON, lacks a required field, or has a field of the
-//! wrong type is *poison*. Decoding never panics; the caller dead-letters poison with its raw
-//! bytes in the same transaction that moves the offset past it.
+//! A message that is not valid UTF-8 or JSON, lacks a required field, has a field of the
+//! wrong type, or holds content PostgreSQL cannot store exactly is *poison*. Decoding never
+//! panics; the caller dead-letters poison with its raw bytes in the same transaction that
+//! moves the offset past it. Every limit below is decided here, in decoding, so that no
+//! message can make a batch fail in the database again and again: a batch that cannot commit
+//! stops its partition, and through back-pressure every partition of its view.
+//!
+//! Decoding has two layers. [`decode_envelope`] checks what every view needs: the envelope.
+//! [`check_data`] checks the `data` object of the built-in event types; a view runs it only
+//! for the types it subscribes to, so a malformed event of a type a view does not read still
+//! advances that view's `seq`. [`decode`] does both, for producers that want to refuse what
+//! any view could refuse.
 //!
 //! Money and quantities are decimal strings (`"1.08420"`) or JSON numbers read from their
-//! text (`1.1` is exactly 1.1): nothing here goes through `f64`.
+//! text (`1.1` is exactly 1.1): nothing here goes through `f64`. The limits are listed, with
+//! what a producer gets when it breaks one, in `docs/wire-format.md`.
 
-use std::str::FromStr;
-
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Datelike, Utc};
 use rust_decimal::Decimal;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -21,6 +30,22 @@ pub const FILL_BUSTED: &str = "fill_busted";
 /// Event type of a cash movement.
 pub const CASH_ADJUSTED: &str = "cash_adjusted";
 
+/// The largest payload decoded. Kafka's own default limit is about the same; a larger
+/// message is dead-lettered whole, raw bytes and all.
+pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+/// The longest `event_id` (and `data.fill_event_id`), in bytes. The inbox's primary key
+/// holds it next to the consumer name, and a btree entry cannot exceed about 2.7 kB.
+pub const MAX_ID_BYTES: usize = 256;
+/// The longest event `type`, in bytes.
+pub const MAX_TYPE_BYTES: usize = 64;
+/// The longest `data.symbol`, in bytes; view tables key on it.
+pub const MAX_SYMBOL_BYTES: usize = 64;
+/// The longest free text (`data.reason`), in bytes.
+pub const MAX_TEXT_BYTES: usize = 1024;
+/// Decimal places a decimal may have: what `rust_decimal` holds exactly. A value with more
+/// would be rounded in silence by a decimal type, so it is refused instead.
+pub const MAX_DECIMAL_PLACES: u32 = 28;
+
 /// One message as it came off the broker (or a test's hand).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
@@ -28,7 +53,7 @@ pub struct Message {
     pub offset: i64,
     /// The message key: the account id as a decimal UTF-8 string, when the producer set one.
     pub key: Option<Vec<u8>>,
-    /// The raw value, kept byte for byte for the dead-letter and parked tables.
+    /// The raw value, kept byte for byte for the dead-letter and waiting tables.
     pub payload: Vec<u8>,
 }
 
@@ -44,7 +69,7 @@ impl Message {
 }
 
 /// A decoded event envelope. `data` stays raw JSON text: views read it in SQL
-/// (`(data->>'qty')::numeric`, exact), and the engine has already checked its shape.
+/// (`(data->>'qty')::numeric`, exact).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     /// Unique per logical event, identical on every redelivery or republish.
@@ -65,6 +90,12 @@ pub struct Event {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DecodeError {
+    /// The payload is larger than [`MAX_PAYLOAD_BYTES`].
+    #[error("payload is {bytes} bytes; the limit is {MAX_PAYLOAD_BYTES}")]
+    TooLarge {
+        /// The payload's size.
+        bytes: usize,
+    },
     /// The payload is not UTF-8.
     #[error("payload is not valid UTF-8: {0}")]
     Utf8(String),
@@ -101,20 +132,28 @@ struct Envelope<'a> {
     data: &'a RawValue,
 }
 
-/// Decodes and validates one message. Built-in event types have their `data` checked too;
-/// other types are passed on as long as the envelope is sound.
+/// Decodes the envelope and checks the `data` of the built-in event types: what a producer
+/// checks before publishing, so that no view can refuse the message.
 pub fn decode(message: &Message) -> Result<Event, DecodeError> {
+    let event = decode_envelope(message)?;
+    check_data(&event)?;
+    Ok(event)
+}
+
+/// Decodes and checks the envelope only: what every view needs, whatever the type.
+pub fn decode_envelope(message: &Message) -> Result<Event, DecodeError> {
+    if message.payload.len() > MAX_PAYLOAD_BYTES {
+        return Err(DecodeError::TooLarge {
+            bytes: message.payload.len(),
+        });
+    }
     let text =
         std::str::from_utf8(&message.payload).map_err(|e| DecodeError::Utf8(e.to_string()))?;
     let env: Envelope<'_> =
         serde_json::from_str(text).map_err(|e| DecodeError::Envelope(e.to_string()))?;
 
-    if env.event_id.is_empty() {
-        return Err(field("event_id", "must not be empty"));
-    }
-    if env.event_type.is_empty() {
-        return Err(field("type", "must not be empty"));
-    }
+    check_id("event_id", &env.event_id)?;
+    check_label("type", &env.event_type, MAX_TYPE_BYTES)?;
     if env.seq < 1 {
         return Err(field("seq", format!("must be 1 or more, got {}", env.seq)));
     }
@@ -129,7 +168,7 @@ pub fn decode(message: &Message) -> Result<Event, DecodeError> {
                 format!(
                     "{} does not match the message key {:?}; the key decides the partition and so the order",
                     env.account_id,
-                    String::from_utf8_lossy(key)
+                    safe_text(&String::from_utf8_lossy(key), 64)
                 ),
             ));
         }
@@ -140,16 +179,23 @@ pub fn decode(message: &Message) -> Result<Event, DecodeError> {
         .map_err(|e| {
             field(
                 "occurred_at",
-                format!("{occurred_at:?} is not RFC 3339: {e}"),
+                format!("{:?} is not RFC 3339: {e}", safe_text(&occurred_at, 64)),
             )
         })?
         .with_timezone(&Utc);
+    // PostgreSQL's timestamptz reaches further, but not as far as chrono: years 1 to 9999
+    // are what every reader (and every other language's date type) agrees on.
+    if !(1..=9999).contains(&occurred_at.year()) {
+        return Err(field(
+            "occurred_at",
+            format!("year {} is outside 1 to 9999", occurred_at.year()),
+        ));
+    }
 
     let data = env.data.get();
     if !data.starts_with('{') {
         return Err(field("data", "must be a JSON object"));
     }
-    validate_builtin(&env.event_type, data)?;
 
     Ok(Event {
         event_id: env.event_id,
@@ -159,6 +205,98 @@ pub fn decode(message: &Message) -> Result<Event, DecodeError> {
         occurred_at,
         data: data.to_owned(),
     })
+}
+
+/// Checks the `data` of an event whose envelope decoded: the fields of the built-in types,
+/// and for every type that the object can be stored as `jsonb` (no NUL character, numbers
+/// within range, nesting within serde_json's limit of 128).
+pub fn check_data(event: &Event) -> Result<(), DecodeError> {
+    let bad = |e: serde_json::Error| DecodeError::Envelope(format!("data: {e}"));
+    let data = event.data.as_str();
+    match event.event_type.as_str() {
+        FILL_EXECUTED => {
+            let d: FillData<'_> = serde_json::from_str(data).map_err(bad)?;
+            check_trade(&d.symbol, &d.side, d.qty, d.price)?;
+            if let Some(fee) = d.fee {
+                if exact_decimal("data.fee", fee)? < Decimal::ZERO {
+                    return Err(field("data.fee", "must not be negative"));
+                }
+            }
+        }
+        FILL_BUSTED => {
+            let d: BustData<'_> = serde_json::from_str(data).map_err(bad)?;
+            check_id("data.fill_event_id", &d.fill_event_id)?;
+            check_trade(&d.symbol, &d.side, d.qty, d.price)?;
+        }
+        CASH_ADJUSTED => {
+            let d: CashData<'_> = serde_json::from_str(data).map_err(bad)?;
+            exact_decimal("data.amount", d.amount)?;
+            check_text("data.reason", &d.reason, MAX_TEXT_BYTES)?;
+        }
+        _ => {}
+    }
+    let mut de = serde_json::Deserializer::from_str(data);
+    Storable
+        .deserialize(&mut de)
+        .and_then(|()| de.end())
+        .map_err(|e| field("data", format!("cannot be stored as jsonb: {e}")))
+}
+
+/// What a poison message's envelope still yields, for the dead-letter row: an operator must
+/// see which account a dead letter blocks. Lenient: any field that is missing or of the
+/// wrong type is `None`, and text is rendered safe to store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Salvage {
+    /// The `event_id`, made safe to store.
+    pub event_id: Option<String>,
+    /// The `account_id`, when it is an integer.
+    pub account_id: Option<i64>,
+    /// The `seq`, when it is an integer.
+    pub seq: Option<i64>,
+}
+
+/// Reads what it can of a poison message's envelope.
+pub fn salvage(payload: &[u8]) -> Salvage {
+    #[derive(Deserialize)]
+    struct Loose {
+        event_id: Option<serde_json::Value>,
+        account_id: Option<serde_json::Value>,
+        seq: Option<serde_json::Value>,
+    }
+    let Ok(loose) = serde_json::from_slice::<Loose>(payload) else {
+        return Salvage::default();
+    };
+    Salvage {
+        event_id: loose
+            .event_id
+            .as_ref()
+            .and_then(serde_json::Value::as_str)
+            .map(|s| safe_text(s, MAX_ID_BYTES)),
+        account_id: loose
+            .account_id
+            .as_ref()
+            .and_then(serde_json::Value::as_i64),
+        seq: loose.seq.as_ref().and_then(serde_json::Value::as_i64),
+    }
+}
+
+/// Text that PostgreSQL can always store and a terminal can always show: NUL and other
+/// control characters escaped, cut at `max_bytes` (on a character boundary).
+pub fn safe_text(s: &str, max_bytes: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max_bytes));
+    for c in s.chars() {
+        let piece = if c.is_control() && c != '\n' && c != '\t' {
+            c.escape_unicode().to_string()
+        } else {
+            c.to_string()
+        };
+        if out.len() + piece.len() > max_bytes {
+            out.push('…');
+            break;
+        }
+        out.push_str(&piece);
+    }
+    out
 }
 
 /// The message key for a payload: its `account_id` in decimal, so that all events of an
@@ -203,33 +341,42 @@ struct CashData<'a> {
     reason: String,
 }
 
-fn validate_builtin(event_type: &str, data: &str) -> Result<(), DecodeError> {
-    let bad = |e: serde_json::Error| DecodeError::Envelope(format!("data: {e}"));
-    match event_type {
-        FILL_EXECUTED => {
-            let d: FillData<'_> = serde_json::from_str(data).map_err(bad)?;
-            check_trade(&d.symbol, &d.side, d.qty, d.price)?;
-            if let Some(fee) = d.fee {
-                if exact_decimal("data.fee", fee)? < Decimal::ZERO {
-                    return Err(field("data.fee", "must not be negative"));
-                }
-            }
-        }
-        FILL_BUSTED => {
-            let d: BustData<'_> = serde_json::from_str(data).map_err(bad)?;
-            if d.fill_event_id.is_empty() {
-                return Err(field("data.fill_event_id", "must not be empty"));
-            }
-            check_trade(&d.symbol, &d.side, d.qty, d.price)?;
-        }
-        CASH_ADJUSTED => {
-            let d: CashData<'_> = serde_json::from_str(data).map_err(bad)?;
-            exact_decimal("data.amount", d.amount)?;
-            if d.reason.is_empty() {
-                return Err(field("data.reason", "must not be empty"));
-            }
-        }
-        _ => {}
+/// An identifier: 1 to [`MAX_ID_BYTES`] bytes, no control characters.
+fn check_id(name: &'static str, value: &str) -> Result<(), DecodeError> {
+    check_label(name, value, MAX_ID_BYTES)
+}
+
+/// A short label (an id, a type, a symbol): not empty, at most `max` bytes, and printable,
+/// because operators read it in listings and logs.
+fn check_label(name: &'static str, value: &str, max: usize) -> Result<(), DecodeError> {
+    if value.is_empty() {
+        return Err(field(name, "must not be empty"));
+    }
+    if value.len() > max {
+        return Err(field(
+            name,
+            format!("is {} bytes; the limit is {max}", value.len()),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(field(name, "must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// Free text: not empty, at most `max` bytes, no NUL (PostgreSQL's text cannot hold it).
+fn check_text(name: &'static str, value: &str, max: usize) -> Result<(), DecodeError> {
+    if value.is_empty() {
+        return Err(field(name, "must not be empty"));
+    }
+    if value.len() > max {
+        return Err(field(
+            name,
+            format!("is {} bytes; the limit is {max}", value.len()),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(field(name, "must not contain the NUL character"));
     }
     Ok(())
 }
@@ -240,13 +387,11 @@ fn check_trade(
     qty: &RawValue,
     price: &RawValue,
 ) -> Result<(), DecodeError> {
-    if symbol.is_empty() {
-        return Err(field("data.symbol", "must not be empty"));
-    }
+    check_label("data.symbol", symbol, MAX_SYMBOL_BYTES)?;
     if side != "buy" && side != "sell" {
         return Err(field(
             "data.side",
-            format!("must be \"buy\" or \"sell\", got {side:?}"),
+            format!("must be \"buy\" or \"sell\", got {:?}", safe_text(side, 32)),
         ));
     }
     if exact_decimal("data.qty", qty)? <= Decimal::ZERO {
@@ -258,26 +403,27 @@ fn check_trade(
     Ok(())
 }
 
-/// Reads a decimal from a JSON string (`"1.08420"`) or a JSON number (`1.1`), from its text.
+/// Reads a decimal from a JSON string (`"1.08420"`) or a JSON number (`1.1`, `12e-1`), from
+/// its text, exactly: a value `rust_decimal` cannot hold without rounding (more than
+/// [`MAX_DECIMAL_PLACES`] decimal places, or a magnitude of 2^96 or more) is refused, never
+/// rounded.
 ///
 /// Strings must be plain decimals (`-12.50`, no exponent, no separators), so that PostgreSQL's
 /// `numeric` input reads the same value the engine checked. Numbers follow JSON's grammar,
-/// which `numeric` also reads exactly.
+/// which `numeric` also reads exactly. The scale written is kept: `"1.10"` stays `1.10`.
 pub fn exact_decimal(name: &'static str, raw: &RawValue) -> Result<Decimal, DecodeError> {
     let text = raw.get();
     if text.starts_with('"') {
         let s: String = serde_json::from_str(text).map_err(|e| field(name, e.to_string()))?;
         if !is_plain_decimal(&s) {
-            return Err(field(name, format!("{s:?} is not a decimal number")));
+            return Err(field(
+                name,
+                format!("{:?} is not a decimal number", safe_text(&s, 64)),
+            ));
         }
-        Decimal::from_str(&s).map_err(|e| field(name, format!("{s:?}: {e}")))
+        exact_from_text(name, &s)
     } else if text.starts_with('-') || text.starts_with(|c: char| c.is_ascii_digit()) {
-        let parsed = if text.contains(['e', 'E']) {
-            Decimal::from_scientific(text)
-        } else {
-            Decimal::from_str(text)
-        };
-        parsed.map_err(|e| field(name, format!("{text}: {e}")))
+        exact_from_text(name, text)
     } else {
         let kind = match text.as_bytes().first() {
             Some(b'{') => "an object",
@@ -293,6 +439,68 @@ pub fn exact_decimal(name: &'static str, raw: &RawValue) -> Result<Decimal, Deco
     }
 }
 
+/// A decimal from text already known to follow JSON's number grammar (a plain decimal is a
+/// JSON number without an exponent).
+fn exact_from_text(name: &'static str, text: &str) -> Result<Decimal, DecodeError> {
+    let shown = || safe_text(text, 64);
+    let (negative, unsigned) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
+        Some(i) => (&unsigned[..i], Some(&unsigned[i + 1..])),
+        None => (unsigned, None),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let exponent: i64 = match exponent {
+        None => 0,
+        Some(e) => e
+            .parse()
+            .map_err(|_| field(name, format!("{}: the exponent is out of range", shown())))?,
+    };
+    // value = digits * 10^-(frac.len() - exponent)
+    let scale = i64::try_from(frac.len()).unwrap_or(i64::MAX) - exponent;
+    if scale > i64::from(MAX_DECIMAL_PLACES) {
+        return Err(field(
+            name,
+            format!(
+                "{} has more than {MAX_DECIMAL_PLACES} decimal places",
+                shown()
+            ),
+        ));
+    }
+    let mut digits: String = int.chars().chain(frac.chars()).collect();
+    if scale < 0 {
+        // An integer written with a positive exponent: append the zeros, within reason.
+        let zeros = usize::try_from(-scale).unwrap_or(usize::MAX);
+        if zeros > 40 {
+            return Err(out_of_range(name, &shown()));
+        }
+        digits.extend(std::iter::repeat_n('0', zeros));
+    }
+    let significant = digits.trim_start_matches('0');
+    if significant.len() > 30 {
+        return Err(out_of_range(name, &shown()));
+    }
+    let magnitude: i128 = if significant.is_empty() {
+        0
+    } else {
+        significant
+            .parse()
+            .map_err(|_| field(name, format!("{} is not a decimal number", shown())))?
+    };
+    let value = if negative { -magnitude } else { magnitude };
+    let scale = u32::try_from(scale.max(0)).unwrap_or(u32::MAX);
+    Decimal::try_from_i128_with_scale(value, scale).map_err(|_| out_of_range(name, &shown()))
+}
+
+fn out_of_range(name: &'static str, shown: &str) -> DecodeError {
+    field(
+        name,
+        format!("{shown} is out of range: a decimal holds at most 28 to 29 significant digits (below 2^96)"),
+    )
+}
+
 fn is_plain_decimal(s: &str) -> bool {
     let digits = s.strip_prefix('-').unwrap_or(s);
     let (int, frac) = match digits.split_once('.') {
@@ -304,6 +512,57 @@ fn is_plain_decimal(s: &str) -> bool {
         && frac.is_none_or(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// Walks a JSON value without building it and refuses what `jsonb` cannot store: the NUL
+/// character in a string or key (PostgreSQL's text cannot hold it) and numbers beyond `f64`'s
+/// range (serde_json refuses those itself, before `jsonb` could fail on them).
+struct Storable;
+
+impl<'de> DeserializeSeed<'de> for Storable {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Storable {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
+        if s.contains('\0') {
+            return Err(E::custom("a string holds the NUL character (\\u0000)"));
+        }
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Storable)?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_key_seed(Storable)?.is_some() {
+            map.next_value_seed(Storable)?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,9 +571,23 @@ mod tests {
         Message::new(0, Some(b"42".to_vec()), payload)
     }
 
+    fn dec(text: &str) -> Result<Decimal, DecodeError> {
+        let raw: &RawValue = serde_json::from_str(text).expect("json");
+        exact_decimal("x", raw)
+    }
+
     const FILL: &str = r#"{"event_id":"fill-7f3a","type":"fill_executed","account_id":42,"seq":17,
         "occurred_at":"2026-11-29T10:15:00.123Z",
         "data":{"symbol":"EURUSD","side":"buy","qty":"300","price":"1.08420","fee":"0.50"}}"#;
+
+    fn envelope(event_id: &str, event_type: &str, data: &str) -> String {
+        serde_json::json!({
+            "event_id": event_id, "type": event_type, "account_id": 42, "seq": 1,
+            "occurred_at": "2026-11-29T10:15:00Z",
+        })
+        .to_string()
+        .replacen('}', &format!(",\"data\":{data}}}"), 1)
+    }
 
     #[test]
     fn decodes_the_design_example() {
@@ -328,16 +601,40 @@ mod tests {
 
     #[test]
     fn json_numbers_are_read_from_their_text() {
-        let raw: &RawValue = serde_json::from_str("1.1").expect("json");
-        assert_eq!(exact_decimal("x", raw).expect("decimal").to_string(), "1.1");
-        let raw: &RawValue =
-            serde_json::from_str("0.1000000000000000055511151231257827").expect("json");
+        assert_eq!(dec("1.1").expect("decimal").to_string(), "1.1");
+        assert_eq!(dec("12e-1").expect("decimal").to_string(), "1.2");
+        assert_eq!(dec("1.5E2").expect("decimal").to_string(), "150");
+        assert_eq!(dec("\"1.10\"").expect("decimal").to_string(), "1.10");
+        assert_eq!(dec("-0.0001").expect("decimal").to_string(), "-0.0001");
         assert_eq!(
-            exact_decimal("x", raw).expect("decimal").to_string(),
-            "0.1000000000000000055511151231"
+            dec("\"79228162514264337593543950335\"")
+                .expect("the largest decimal")
+                .to_string(),
+            "79228162514264337593543950335"
         );
-        let raw: &RawValue = serde_json::from_str("12e-1").expect("json");
-        assert_eq!(exact_decimal("x", raw).expect("decimal").to_string(), "1.2");
+    }
+
+    #[test]
+    fn decimals_that_would_be_rounded_are_refused() {
+        for (text, needle) in [
+            // 34 places: a decimal type would round it to 28 in silence.
+            (
+                "0.1000000000000000055511151231257827",
+                "more than 28 decimal places",
+            ),
+            (
+                "\"0.00000000000000000000000000001\"",
+                "more than 28 decimal places",
+            ),
+            ("1e-29", "more than 28 decimal places"),
+            ("\"79228162514264337593543950336\"", "out of range"),
+            ("1e29", "out of range"),
+            ("1e400", "out of range"),
+            ("1e99999999999999999999", "exponent"),
+        ] {
+            let err = dec(text).expect_err(text);
+            assert!(err.to_string().contains(needle), "{text}: {err}");
+        }
     }
 
     #[test]
@@ -351,7 +648,10 @@ mod tests {
             (br#"{"event_id":"a","type":"x","account_id":43,"seq":1,"occurred_at":"2026-11-29T10:15:00Z","data":{}}"#, "does not match the message key"),
             (br#"{"event_id":"a","type":"x","account_id":42,"seq":0,"occurred_at":"2026-11-29T10:15:00Z","data":{}}"#, "seq"),
             (br#"{"event_id":"a","type":"x","account_id":42,"seq":1,"occurred_at":"yesterday","data":{}}"#, "RFC 3339"),
+            (br#"{"event_id":"a","type":"x","account_id":42,"seq":1,"occurred_at":"0000-01-01T00:00:00Z","data":{}}"#, "outside 1 to 9999"),
             (br#"{"event_id":"a","type":"x","account_id":42,"seq":1,"occurred_at":"2026-11-29T10:15:00Z","data":[]}"#, "JSON object"),
+            (br#"{"event_id":"a\u0000b","type":"x","account_id":42,"seq":1,"occurred_at":"2026-11-29T10:15:00Z","data":{}}"#, "control characters"),
+            (br#"{"event_id":"","type":"x","account_id":42,"seq":1,"occurred_at":"2026-11-29T10:15:00Z","data":{}}"#, "must not be empty"),
         ];
         for (payload, needle) in cases {
             let err = decode(&Message::new(0, Some(b"42".to_vec()), payload.to_vec()))
@@ -364,11 +664,87 @@ mod tests {
     }
 
     #[test]
-    fn unknown_types_need_only_a_sound_envelope() {
+    fn content_postgresql_cannot_store_is_poison() {
+        let long_id = "e".repeat(MAX_ID_BYTES + 1);
+        let long_symbol = "S".repeat(MAX_SYMBOL_BYTES + 1);
+        let cases = [
+            (envelope(&long_id, "x", "{}"), "`event_id`: is 257 bytes"),
+            (envelope("a", &"t".repeat(65), "{}"), "`type`: is 65 bytes"),
+            (
+                envelope(
+                    "a",
+                    FILL_EXECUTED,
+                    &format!(r#"{{"symbol":"{long_symbol}","side":"buy","qty":"1","price":"1"}}"#),
+                ),
+                "data.symbol",
+            ),
+            (
+                envelope(
+                    "a",
+                    FILL_EXECUTED,
+                    r#"{"symbol":"X","side":"buy","qty":"1","price":"1","note":"a\u0000b"}"#,
+                ),
+                "NUL",
+            ),
+            (
+                envelope("a", CASH_ADJUSTED, r#"{"amount":"1","reason":"a\u0000"}"#),
+                "NUL",
+            ),
+            (envelope("a", "custom", r#"{"k\u0000":1}"#), "NUL"),
+            (envelope("a", "custom", r#"{"big":1e400}"#), "jsonb"),
+            (
+                envelope(
+                    "a",
+                    "custom",
+                    &format!("{{\"a\":{}{}}}", "[".repeat(200), "]".repeat(200)),
+                ),
+                "jsonb",
+            ),
+        ];
+        for (payload, needle) in cases {
+            let err = decode(&msg(&payload)).expect_err(&payload[..payload.len().min(120)]);
+            assert!(
+                err.to_string().contains(needle),
+                "{err} should mention {needle}"
+            );
+        }
+        let huge = Message::new(0, None, vec![b' '; MAX_PAYLOAD_BYTES + 1]);
+        assert!(matches!(decode(&huge), Err(DecodeError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn the_envelope_alone_ignores_data() {
+        let bad_cash = envelope("a", CASH_ADJUSTED, r#"{"amount":"lots"}"#);
+        let ev = decode_envelope(&msg(&bad_cash)).expect("a sound envelope");
+        assert_eq!(ev.event_type, CASH_ADJUSTED);
+        assert!(check_data(&ev).is_err());
+    }
+
+    #[test]
+    fn unknown_types_need_only_a_sound_envelope_and_storable_data() {
         let ev = decode(&msg(
-            r#"{"event_id":"a","type":"margin_call","account_id":42,"seq":1,"occurred_at":"2026-11-29T10:15:00Z","data":{"anything":[1,2]}}"#,
+            r#"{"event_id":"a","type":"margin_call","account_id":42,"seq":1,"occurred_at":"2026-11-29T10:15:00Z","data":{"anything":[1,2.5,"x",null,true,{"deep":{}}]}}"#,
         ))
         .expect("valid");
         assert_eq!(ev.event_type, "margin_call");
+        assert_eq!(ev.data, r#"{"anything":[1,2.5,"x",null,true,{"deep":{}}]}"#);
+    }
+
+    #[test]
+    fn salvage_reads_what_it_can() {
+        let s = salvage(br#"{"event_id":"x\u0000y","account_id":7,"seq":"nine"}"#);
+        assert_eq!(s.event_id.as_deref(), Some("x\\u{0}y"));
+        assert_eq!(s.account_id, Some(7));
+        assert_eq!(s.seq, None);
+        assert_eq!(salvage(b"\xff"), Salvage::default());
+    }
+
+    #[test]
+    fn safe_text_escapes_and_cuts() {
+        assert_eq!(safe_text("a\0b", 100), "a\\u{0}b");
+        assert_eq!(safe_text("line\nnext", 100), "line\nnext");
+        let cut = safe_text(&"é".repeat(10), 5);
+        assert!(cut.len() <= 5 + '…'.len_utf8(), "{cut}");
+        assert!(cut.ends_with('…'));
     }
 }

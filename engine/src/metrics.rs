@@ -3,6 +3,16 @@
 //!
 //! `projector_duplicates_total` is a sensor, not noise: a jump means trouble upstream
 //! (a producer retrying without idempotence, a rebalance storm, a republish).
+//!
+//! | metric | labels | counts |
+//! | --- | --- | --- |
+//! | `projector_events_applied_total` | consumer | events whose effect a batch wrote |
+//! | `projector_events_ignored_total` | consumer | events of types the view does not read |
+//! | `projector_duplicates_total` | consumer, kind (`seq`, `watermark`, `inbox`, `version_filter`) | duplicates dropped, by what caught them |
+//! | `projector_dead_letters_total` | consumer, kind (`poison`, `apply_failed`, `conflict`) | messages dead-lettered |
+//! | `projector_events_waiting_total` | consumer | events that began waiting for an earlier `seq` |
+//! | `projector_events_drained_total` | consumer | waiting events that left the waiting table |
+//! | `projector_batch_seconds` | consumer | time from BEGIN to COMMIT of a batch |
 
 use std::time::Duration;
 
@@ -21,7 +31,8 @@ pub(crate) struct ViewMetrics {
     dup_version_filter: Counter,
     poison: Counter,
     failed: Counter,
-    parked: Counter,
+    conflicts: Counter,
+    waiting: Counter,
     drained: Counter,
     batch_seconds: Histogram,
 }
@@ -39,8 +50,9 @@ impl ViewMetrics {
             dup_version_filter: dup("version_filter"),
             poison: counter!("projector_dead_letters_total", "consumer" => c.clone(), "kind" => "poison"),
             failed: counter!("projector_dead_letters_total", "consumer" => c.clone(), "kind" => "apply_failed"),
-            parked: counter!("projector_events_parked_total", "consumer" => c.clone()),
-            drained: counter!("projector_events_unparked_total", "consumer" => c.clone()),
+            conflicts: counter!("projector_dead_letters_total", "consumer" => c.clone(), "kind" => "conflict"),
+            waiting: counter!("projector_events_waiting_total", "consumer" => c.clone()),
+            drained: counter!("projector_events_drained_total", "consumer" => c.clone()),
             batch_seconds: histogram!("projector_batch_seconds", "consumer" => c),
         }
     }
@@ -54,7 +66,8 @@ impl ViewMetrics {
         self.dup_version_filter.increment(counts.dup_version_filter);
         self.poison.increment(counts.poison);
         self.failed.increment(counts.failed);
-        self.parked.increment(counts.parked);
+        self.conflicts.increment(counts.conflicts);
+        self.waiting.increment(counts.waiting);
         self.drained.increment(counts.drained);
         self.batch_seconds.record(elapsed);
     }

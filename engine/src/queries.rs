@@ -3,16 +3,20 @@
 //! All of them are set-based (arrays in, one statement out) so that a batch costs a fixed
 //! number of round trips whatever its size. `$1` is always the consumer name.
 
-/// Locks this partition's offset row for the rest of the transaction and reads it. Every
-/// writer of the partition takes this lock first, so writers of one partition are serial.
-pub const LOCK_OFFSET: &str = "SELECT next_offset FROM projector.offsets \
-     WHERE consumer = $1 AND topic = $2 AND partition = $3 FOR UPDATE";
-
-/// Creates the offset row of a partition nobody has committed yet. A concurrent creator
-/// waits on the primary key and then inserts nothing; it then locks and reads the winner's row.
-pub const CREATE_OFFSET: &str =
-    "INSERT INTO projector.offsets (consumer, topic, partition, next_offset) \
-     VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING next_offset";
+/// Locks this partition's offset row for the rest of the transaction and reads it, creating
+/// it at the batch's start (`$4`) for a partition nobody has committed yet. Every writer of
+/// the partition runs this first in its transaction, before it locks any account, so writers
+/// of one partition are serial and never hold an account while they wait for the partition.
+/// No row comes back only when another writer created the row concurrently (the insert
+/// waited for it to commit): this batch is then fenced without waiting again.
+pub const LOCK_OFFSET: &str = "WITH locked AS ( \
+         SELECT next_offset FROM projector.offsets \
+         WHERE consumer = $1 AND topic = $2 AND partition = $3 FOR UPDATE), \
+     created AS ( \
+         INSERT INTO projector.offsets (consumer, topic, partition, next_offset) \
+         SELECT $1, $2, $3, $4 WHERE NOT EXISTS (SELECT 1 FROM locked) \
+         ON CONFLICT DO NOTHING RETURNING next_offset) \
+     SELECT next_offset FROM locked UNION ALL SELECT next_offset FROM created";
 
 /// Moves the offset past the batch and adds the batch's counts, which are therefore exact:
 /// they count what committed and survive crashes. The `next_offset = $5` condition is the
@@ -21,32 +25,61 @@ pub const CREATE_OFFSET: &str =
 pub const ADVANCE_OFFSET: &str =
     "UPDATE projector.offsets SET next_offset = $4, updated_at = now(), \
      applied = applied + $6, ignored = ignored + $7, duplicates = duplicates + $8, \
-     dead_lettered = dead_lettered + $9, parked = parked + $10 \
+     dead_lettered = dead_lettered + $9, waiting = waiting + $10, drained = drained + $11 \
      WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $5";
 
 /// The stored offset of a partition, for seeking on assignment.
 pub const READ_OFFSET: &str = "SELECT next_offset FROM projector.offsets \
      WHERE consumer = $1 AND topic = $2 AND partition = $3";
 
-/// Progress and parked state of the batch's accounts.
-pub const LOAD_ACCOUNTS: &str =
-    "SELECT a.account_id, p.last_seq, p.watermark_seq, k.reason, k.blocked_seq \
+/// Creates the progress rows of accounts an order-dependent view has never seen, so that
+/// [`LOCK_ACCOUNTS`] can lock every account of the batch. A concurrent creator of the same
+/// row waits on the primary key until this transaction ends. The accounts come sorted, so
+/// two writers that share accounts (after a partition-count change) take their locks in the
+/// same order and never deadlock.
+pub const ENSURE_PROGRESS: &str =
+    "INSERT INTO projector.account_progress (consumer, account_id, last_seq) \
+     SELECT $1, a, 0 FROM unnest($2::bigint[]) AS a \
+     ON CONFLICT (consumer, account_id) DO NOTHING";
+
+/// Progress and parked state of the batch's accounts, locked until commit. Two writers that
+/// share an account (two producers, a partition-count change) then take turns: without the
+/// lock, one could park the account on a `seq` the other is applying at that moment, and
+/// the events waiting behind it would wait for ever. Locked in account order (the lock
+/// sits above the sort), like [`ENSURE_PROGRESS`].
+pub const LOCK_ACCOUNTS: &str =
+    "SELECT p.account_id, p.last_seq, p.last_event_id, p.watermark_seq, k.blocked_seq \
+     FROM projector.account_progress p \
+     LEFT JOIN projector.parked_accounts k ON k.consumer = p.consumer AND k.account_id = p.account_id \
+     WHERE p.consumer = $1 AND p.account_id = ANY($2::bigint[]) \
+     ORDER BY p.account_id FOR UPDATE OF p";
+
+/// Progress and parked state of the batch's accounts, unlocked: for order-independent views,
+/// which read only the rebuild watermark and never park.
+pub const READ_ACCOUNTS: &str =
+    "SELECT a.account_id, p.last_seq, p.last_event_id, p.watermark_seq, k.blocked_seq \
      FROM unnest($2::bigint[]) AS a(account_id) \
      LEFT JOIN projector.account_progress p ON p.consumer = $1 AND p.account_id = a.account_id \
      LEFT JOIN projector.parked_accounts k ON k.consumer = $1 AND k.account_id = a.account_id";
 
 /// Events waiting for the given accounts, in `seq` order.
 pub const LOAD_WAITING: &str =
-    "SELECT account_id, seq, topic, partition, \"offset\", message_key, payload \
-     FROM projector.parked_events WHERE consumer = $1 AND account_id = ANY($2::bigint[]) \
+    "SELECT account_id, seq, event_id, topic, partition, \"offset\", message_key, payload \
+     FROM projector.waiting_events WHERE consumer = $1 AND account_id = ANY($2::bigint[]) \
      ORDER BY account_id, seq";
 
-/// Records the last applied `seq` of accounts. `GREATEST` keeps progress monotonic even if
-/// two writers ever touched one account (after a partition-count change, say).
-pub const SAVE_PROGRESS: &str = "INSERT INTO projector.account_progress (consumer, account_id, last_seq) \
-     SELECT $1, a, s FROM unnest($2::bigint[], $3::bigint[]) AS t(a, s) \
-     ON CONFLICT (consumer, account_id) DO UPDATE \
-     SET last_seq = GREATEST(projector.account_progress.last_seq, EXCLUDED.last_seq), updated_at = now()";
+/// Which of the given event ids this view version has applied: tells a true duplicate of an
+/// older `seq` from a second event claiming it (a conflict).
+pub const IN_INBOX: &str =
+    "SELECT event_id FROM projector.inbox WHERE consumer = $1 AND event_id = ANY($2::text[])";
+
+/// Records the last applied `seq` of accounts (their rows exist: [`ENSURE_PROGRESS`]) and the
+/// event that holds it, so a later event claiming the same `seq` is named in its conflict.
+/// Progress never goes backwards.
+pub const SAVE_PROGRESS: &str = "UPDATE projector.account_progress p \
+     SET last_seq = x.s, last_event_id = x.e, updated_at = now() \
+     FROM unnest($2::bigint[], $3::bigint[], $4::text[]) AS x(a, s, e) \
+     WHERE p.consumer = $1 AND p.account_id = x.a AND p.last_seq <= x.s";
 
 /// Dead letters, with the raw bytes. `ON CONFLICT DO NOTHING`: a message is dead-lettered
 /// once per view version.
@@ -58,24 +91,36 @@ pub const INSERT_DEAD_LETTERS: &str = "INSERT INTO projector.dead_letters \
      ON CONFLICT (consumer, topic, partition, \"offset\") DO NOTHING";
 
 /// Events that must wait, with their raw bytes.
-pub const INSERT_WAITING: &str = "INSERT INTO projector.parked_events \
+pub const INSERT_WAITING: &str = "INSERT INTO projector.waiting_events \
      (consumer, account_id, seq, event_id, topic, partition, \"offset\", message_key, payload) \
      SELECT $1, a, s, e, t, p, o, mk, pl \
      FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::int[], $7::bigint[], \
                  $8::bytea[], $9::bytea[]) AS x(a, s, e, t, p, o, mk, pl) \
      ON CONFLICT (consumer, account_id, seq) DO NOTHING";
 
-/// Waiting events that were applied (or dead-lettered) in this batch.
-pub const DELETE_WAITING: &str = "DELETE FROM projector.parked_events \
+/// Waiting events that left the table in this batch: applied, ignored or dead-lettered.
+pub const DELETE_WAITING: &str = "DELETE FROM projector.waiting_events \
      WHERE consumer = $1 AND (account_id, seq) IN (SELECT * FROM unnest($2::bigint[], $3::bigint[]))";
 
-/// Parks accounts, or updates why they are parked.
-pub const PARK_ACCOUNTS: &str = "INSERT INTO projector.parked_accounts (consumer, account_id, reason, blocked_seq, detail) \
-     SELECT $1, a, r, b, d FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS x(a, r, b, d) \
+/// Parks accounts, or updates why they are parked. The reason is decided here, after this
+/// batch's dead letters are written: `dead_letter` when an open dead letter holds the blocking
+/// `seq` (poison, a failed statement), naming it, so an operator can tell "blocked by a bad
+/// message" from `gap`, "waiting for an event that has not arrived".
+pub const PARK_ACCOUNTS: &str = "INSERT INTO projector.parked_accounts AS k \
+     (consumer, account_id, reason, blocked_seq, dead_letter_id, detail) \
+     SELECT $1, x.a, CASE WHEN d.id IS NULL THEN 'gap' ELSE 'dead_letter' END, x.b, d.id, \
+            CASE WHEN d.id IS NULL \
+                 THEN format('waiting for seq %s; %s later event(s) wait', x.b, x.w) \
+                 ELSE format('seq %s is dead letter %s (%s: %s); %s later event(s) wait', \
+                             x.b, d.id, d.kind, left(d.error, 300), x.w) END \
+     FROM unnest($2::bigint[], $3::bigint[], $4::bigint[]) AS x(a, b, w) \
+     LEFT JOIN LATERAL (SELECT id, kind, error FROM projector.dead_letters \
+                        WHERE consumer = $1 AND account_id = x.a AND seq = x.b AND resolved_at IS NULL \
+                        ORDER BY id DESC LIMIT 1) d ON true \
      ON CONFLICT (consumer, account_id) DO UPDATE \
-     SET reason = EXCLUDED.reason, blocked_seq = EXCLUDED.blocked_seq, detail = EXCLUDED.detail, \
-         parked_at = CASE WHEN projector.parked_accounts.reason = EXCLUDED.reason \
-                          THEN projector.parked_accounts.parked_at ELSE now() END";
+     SET reason = EXCLUDED.reason, blocked_seq = EXCLUDED.blocked_seq, \
+         dead_letter_id = EXCLUDED.dead_letter_id, detail = EXCLUDED.detail, \
+         parked_at = CASE WHEN k.blocked_seq = EXCLUDED.blocked_seq THEN k.parked_at ELSE now() END";
 
 /// Accounts whose wait is over.
 pub const UNPARK_ACCOUNTS: &str =

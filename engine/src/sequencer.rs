@@ -1,78 +1,60 @@
 //! Per-account ordering: the `seq` state machine of one account within one batch.
 //!
 //! Pure logic, no I/O. Given the account's stored progress (last applied `seq`, rebuild
-//! watermark, parked state, the events already waiting) and the batch's events of that
-//! account in offset order, it decides what is applied now, in which order, what is a
-//! duplicate and what waits.
+//! watermark, the events already waiting) and the batch's valid events of that account in
+//! offset order, it decides what is applied now, in which order, what repeats a `seq` that is
+//! already taken, and what waits.
 //!
 //! An inbox prevents duplicates but not reordering: applying `+300` before `-300` leaves a
-//! different average price. So an event is applied only when its `seq` is exactly
-//! `last_seq + 1`; a later `seq` waits (the account is *parked*) until the gap is filled, and
-//! a `seq` at or below `last_seq` is a duplicate.
+//! different average price. So for an order-dependent view an event is applied only when its
+//! `seq` is exactly `last_seq + 1`; a later `seq` *waits* (its account is *parked*) until the
+//! gap is filled, and a `seq` at or below `last_seq` is taken already. Whether a taken `seq`
+//! is a true duplicate or a second event claiming the same `seq` (a conflict) depends on the
+//! event ids, which the caller compares.
+//!
+//! Messages that were dead-lettered never reach the sequencer: a poison event at `seq` n
+//! simply never arrives, so the account parks at n when n + 1 comes, and the park's reason
+//! names the dead letter. An order-independent view applies every event above the watermark
+//! at once, gap or not; the inbox keeps its duplicates out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Where an event comes from: this batch, or the table of events already waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Item {
     /// Index into the batch's messages.
     Batch(usize),
-    /// Index into the waiting events loaded from `projector.parked_events`.
+    /// Index into the waiting events loaded from `projector.waiting_events`.
     Stored(usize),
-}
-
-/// Why an account is parked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Park {
-    /// Waiting for `seq == blocked_seq` to arrive.
-    Gap { blocked_seq: i64 },
-    /// The event at `blocked_seq` failed to apply and was dead-lettered; an engineer retries
-    /// or skips it.
-    Failed { blocked_seq: i64 },
-}
-
-impl Park {
-    pub(crate) fn blocked_seq(self) -> i64 {
-        match self {
-            Park::Gap { blocked_seq } | Park::Failed { blocked_seq } => blocked_seq,
-        }
-    }
-
-    pub(crate) fn reason(self) -> &'static str {
-        match self {
-            Park::Gap { .. } => "gap",
-            Park::Failed { .. } => "failed",
-        }
-    }
 }
 
 /// What happens to one incoming event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// In order: applied (or ignored by type) in this batch.
+    /// In order (or order does not matter): applied, or ignored by type, in this batch.
     Emit,
     /// At or below the rebuild watermark: the snapshot already holds its effect.
     Watermark,
-    /// At or below the last applied `seq`, or already waiting.
-    Duplicate,
+    /// Its `seq` is taken: by the given event of this batch or of the waiting ones, or (when
+    /// `None`) by an event applied before this batch.
+    Taken(Option<Item>),
     /// Waits for an earlier `seq`.
     Wait,
 }
 
 /// An account's stored state at the start of a batch.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Stored {
     pub last_seq: i64,
     pub watermark: Option<i64>,
-    pub park: Option<Park>,
     /// Events already waiting, by `seq`.
     pub waiting: BTreeMap<i64, Item>,
 }
 
 /// The account's plan for this batch.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Plan {
-    /// Events to apply now, in `seq` order.
+    /// Events to apply now, in `seq` order (in offset order for an order-independent view).
     pub emitted: Vec<(i64, Item)>,
     /// The verdict for each incoming event, in the order given.
     pub verdicts: Vec<Verdict>,
@@ -80,60 +62,113 @@ pub(crate) struct Plan {
     pub waiting: BTreeMap<i64, Item>,
     /// `last_seq` once everything emitted is applied.
     pub last_seq: i64,
-    /// The parked state once everything emitted is applied.
-    pub park: Option<Park>,
+    /// Stored events whose `seq` another writer applied meanwhile: they leave the waiting
+    /// table as duplicates.
+    pub stale: Vec<(i64, Item)>,
 }
 
-/// Runs the state machine over `incoming` (`seq` and item, in offset order).
-pub(crate) fn plan(stored: Stored, incoming: &[(i64, Item)]) -> Plan {
+impl Plan {
+    /// The `seq` the account waits for, if it is parked.
+    pub fn blocked_seq(&self) -> Option<i64> {
+        (!self.waiting.is_empty()).then_some(self.last_seq + 1)
+    }
+}
+
+/// Runs the state machine over `incoming` (`seq` and item, in offset order). `ordered` is
+/// false for an order-independent view.
+pub(crate) fn plan(stored: Stored, incoming: &[(i64, Item)], ordered: bool) -> Plan {
+    if !ordered {
+        return plan_unordered(stored, incoming);
+    }
     let Stored {
-        mut last_seq,
+        last_seq,
         watermark,
-        park,
         mut waiting,
     } = stored;
     // A snapshot reflects every event up to its watermark: the next one to apply follows it,
     // whether or not the seeding also moved last_seq.
-    last_seq = last_seq.max(watermark.unwrap_or(0));
-    let failed = matches!(park, Some(Park::Failed { .. }));
+    let mut last_seq = last_seq.max(watermark.unwrap_or(0));
     let mut emitted = Vec::new();
+    let mut stale = Vec::new();
+    while let Some(entry) = waiting.first_entry() {
+        if *entry.key() > last_seq {
+            break;
+        }
+        stale.push(entry.remove_entry());
+    }
+    let mut taken_here: HashMap<i64, Item> = HashMap::new();
+    // Whatever waits right after last_seq goes first: a park can be stale when another writer
+    // moved the account on (two producers, a partition-count change).
+    drain(&mut waiting, &mut last_seq, &mut emitted, &mut taken_here);
     let mut verdicts = Vec::with_capacity(incoming.len());
 
     for &(seq, item) in incoming {
         let verdict = if watermark.is_some_and(|w| seq <= w) {
             Verdict::Watermark
-        } else if seq <= last_seq || waiting.contains_key(&seq) {
-            Verdict::Duplicate
-        } else if failed || seq != last_seq + 1 {
+        } else if seq <= last_seq {
+            Verdict::Taken(taken_here.get(&seq).copied())
+        } else if let Some(&holder) = waiting.get(&seq) {
+            Verdict::Taken(Some(holder))
+        } else if seq == last_seq + 1 {
+            emitted.push((seq, item));
+            taken_here.insert(seq, item);
+            last_seq = seq;
+            drain(&mut waiting, &mut last_seq, &mut emitted, &mut taken_here);
+            Verdict::Emit
+        } else {
             waiting.insert(seq, item);
             Verdict::Wait
-        } else {
-            emitted.push((seq, item));
-            last_seq = seq;
-            while let Some(next) = waiting.remove(&(last_seq + 1)) {
-                last_seq += 1;
-                emitted.push((last_seq, next));
-            }
-            Verdict::Emit
         };
         verdicts.push(verdict);
     }
-
-    let park = if failed {
-        park
-    } else if waiting.is_empty() {
-        None
-    } else {
-        Some(Park::Gap {
-            blocked_seq: last_seq + 1,
-        })
-    };
     Plan {
         emitted,
         verdicts,
         waiting,
         last_seq,
-        park,
+        stale,
+    }
+}
+
+fn drain(
+    waiting: &mut BTreeMap<i64, Item>,
+    last_seq: &mut i64,
+    emitted: &mut Vec<(i64, Item)>,
+    taken_here: &mut HashMap<i64, Item>,
+) {
+    while let Some(next) = waiting.remove(&(*last_seq + 1)) {
+        *last_seq += 1;
+        emitted.push((*last_seq, next));
+        taken_here.insert(*last_seq, next);
+    }
+}
+
+/// Order-independent views: everything above the watermark is applied now, events that
+/// waited under an older engine included; `last_seq` is not tracked.
+fn plan_unordered(stored: Stored, incoming: &[(i64, Item)]) -> Plan {
+    let Stored {
+        last_seq,
+        watermark,
+        waiting,
+    } = stored;
+    let mut emitted: Vec<(i64, Item)> = waiting.into_iter().collect();
+    let verdicts = incoming
+        .iter()
+        .map(|&(seq, item)| {
+            if watermark.is_some_and(|w| seq <= w) {
+                Verdict::Watermark
+            } else {
+                emitted.push((seq, item));
+                Verdict::Emit
+            }
+        })
+        .collect();
+    Plan {
+        emitted,
+        verdicts,
+        waiting: BTreeMap::new(),
+        last_seq,
+        stale: Vec::new(),
     }
 }
 
@@ -154,65 +189,64 @@ mod tests {
 
     #[test]
     fn in_order_events_are_emitted() {
-        let p = plan(Stored::default(), &incoming(&[1, 2, 3]));
+        let p = plan(Stored::default(), &incoming(&[1, 2, 3]), true);
         assert_eq!(seqs(&p), [1, 2, 3]);
         assert_eq!(p.last_seq, 3);
-        assert_eq!(p.park, None);
+        assert_eq!(p.blocked_seq(), None);
     }
 
     #[test]
-    fn duplicates_at_or_below_last_seq_are_dropped() {
+    fn a_taken_seq_names_what_took_it() {
         let stored = Stored {
             last_seq: 2,
             ..Stored::default()
         };
-        let p = plan(stored, &incoming(&[1, 2, 3, 3]));
+        let p = plan(stored, &incoming(&[1, 2, 3, 3]), true);
         assert_eq!(seqs(&p), [3]);
         assert_eq!(
             p.verdicts,
             [
-                Verdict::Duplicate,
-                Verdict::Duplicate,
+                Verdict::Taken(None),
+                Verdict::Taken(None),
                 Verdict::Emit,
-                Verdict::Duplicate
+                Verdict::Taken(Some(Item::Batch(2)))
             ]
         );
     }
 
     #[test]
     fn a_gap_parks_and_the_missing_event_drains_in_order() {
-        let p = plan(Stored::default(), &incoming(&[1, 3, 4]));
+        let p = plan(Stored::default(), &incoming(&[1, 3, 4, 4]), true);
         assert_eq!(seqs(&p), [1]);
-        assert_eq!(p.park, Some(Park::Gap { blocked_seq: 2 }));
+        assert_eq!(p.blocked_seq(), Some(2));
         assert_eq!(p.waiting.keys().copied().collect::<Vec<_>>(), [3, 4]);
+        assert_eq!(p.verdicts[3], Verdict::Taken(Some(Item::Batch(2))));
 
         let stored = Stored {
             last_seq: 1,
-            park: p.park,
             waiting: [(3, Item::Stored(0)), (4, Item::Stored(1))].into(),
             ..Stored::default()
         };
-        let p = plan(stored, &incoming(&[5, 2]));
+        let p = plan(stored, &incoming(&[5, 2]), true);
         assert_eq!(seqs(&p), [2, 3, 4, 5]);
         assert_eq!(p.verdicts, [Verdict::Wait, Verdict::Emit]);
-        assert_eq!(p.park, None);
+        assert_eq!(p.blocked_seq(), None);
         assert!(p.waiting.is_empty());
     }
 
     #[test]
-    fn a_failed_account_waits_whatever_arrives() {
+    fn a_stale_park_drains_without_its_blocking_event() {
+        // Another writer applied 5 and 6 while this one parked at 5 with 6 and 7 waiting.
         let stored = Stored {
-            last_seq: 4,
-            park: Some(Park::Failed { blocked_seq: 5 }),
+            last_seq: 6,
+            waiting: [(6, Item::Stored(0)), (7, Item::Stored(1))].into(),
             ..Stored::default()
         };
-        let p = plan(stored, &incoming(&[4, 6, 7]));
-        assert!(p.emitted.is_empty());
-        assert_eq!(
-            p.verdicts,
-            [Verdict::Duplicate, Verdict::Wait, Verdict::Wait]
-        );
-        assert_eq!(p.park, Some(Park::Failed { blocked_seq: 5 }));
+        let p = plan(stored, &incoming(&[9]), true);
+        assert_eq!(seqs(&p), [7]);
+        assert_eq!(p.stale, [(6, Item::Stored(0))]);
+        assert_eq!(p.blocked_seq(), Some(8));
+        assert_eq!(p.verdicts, [Verdict::Wait]);
     }
 
     #[test]
@@ -222,9 +256,9 @@ mod tests {
             watermark: Some(7),
             ..Stored::default()
         };
-        let p = plan(stored, &incoming(&[7, 8]));
+        let p = plan(stored, &incoming(&[7, 8]), true);
         assert_eq!(seqs(&p), [8]);
-        assert_eq!(p.park, None);
+        assert_eq!(p.blocked_seq(), None);
     }
 
     #[test]
@@ -234,11 +268,32 @@ mod tests {
             watermark: Some(10),
             ..Stored::default()
         };
-        let p = plan(stored, &incoming(&[9, 10, 11]));
+        let p = plan(stored, &incoming(&[9, 10, 11]), true);
         assert_eq!(seqs(&p), [11]);
         assert_eq!(
             p.verdicts,
             [Verdict::Watermark, Verdict::Watermark, Verdict::Emit]
         );
+    }
+
+    #[test]
+    fn order_independent_views_apply_every_event_gap_or_not() {
+        let stored = Stored {
+            last_seq: 0,
+            watermark: Some(2),
+            waiting: [(9, Item::Stored(0))].into(),
+        };
+        let p = plan(stored, &incoming(&[2, 5, 3, 5]), false);
+        assert_eq!(seqs(&p), [9, 5, 3, 5]);
+        assert_eq!(
+            p.verdicts,
+            [
+                Verdict::Watermark,
+                Verdict::Emit,
+                Verdict::Emit,
+                Verdict::Emit
+            ]
+        );
+        assert_eq!(p.blocked_seq(), None);
     }
 }

@@ -82,7 +82,7 @@ pub struct Counters {
 }
 
 /// Checks `projector.offsets` of a consumer: every offset consumed, every event applied or
-/// ignored once, no duplicate, dead letter or parked event; and one inbox row per applied
+/// ignored once, no duplicate, dead letter or waiting event; and one inbox row per applied
 /// event (views that use the inbox).
 pub async fn counters(
     client: &Client,
@@ -93,7 +93,7 @@ pub async fn counters(
 ) -> anyhow::Result<()> {
     let rows = client
         .query(
-            "SELECT partition, next_offset, applied, ignored, duplicates, dead_lettered, parked \
+            "SELECT partition, next_offset, applied, ignored, duplicates, dead_lettered, waiting \
              FROM projector.offsets WHERE consumer = $1 AND topic = $2 ORDER BY partition",
             &[&consumer, &topic],
         )
@@ -122,7 +122,7 @@ pub async fn counters(
     if ends != wanted || (applied, ignored) != want || other != 0 {
         bail!(
             "{consumer}: projector.offsets says next offsets {ends:?}, applied {applied}, ignored {ignored}, \
-             duplicates + dead letters + parked {other}; expected {wanted:?}, applied {}, ignored {}, 0",
+             duplicates + dead letters + waiting {other}; expected {wanted:?}, applied {}, ignored {}, 0",
             want.0,
             want.1
         );

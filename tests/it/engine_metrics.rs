@@ -83,5 +83,8 @@ async fn a_batch_records_what_it_did() {
         counter(&snapshot, "projector_dead_letters_total", Some("poison")),
         1
     );
-    assert_eq!(counter(&snapshot, "projector_events_parked_total", None), 0);
+    assert_eq!(
+        counter(&snapshot, "projector_events_waiting_total", None),
+        0
+    );
 }

@@ -44,7 +44,7 @@ async fn parked(client: &deadpool_postgres::Client) -> Vec<(i64, String, i64)> {
 async fn waiting(client: &deadpool_postgres::Client, account: i64) -> Vec<i64> {
     client
         .query(
-            "SELECT seq FROM projector.parked_events WHERE account_id = $1 ORDER BY seq",
+            "SELECT seq FROM projector.waiting_events WHERE account_id = $1 ORDER BY seq",
             &[&account],
         )
         .await
@@ -81,7 +81,7 @@ async fn a_gap_parks_the_account_until_the_missing_event_arrives() {
         .apply(&mut client, &log.batch(0, 100))
         .await
         .expect("batch 1");
-    assert_eq!(first.counts.parked, 2);
+    assert_eq!(first.counts.waiting, 2);
     assert_eq!(trail(&client, 1).await.as_deref(), Some("1,2"));
     assert_eq!(
         trail(&client, 2).await.as_deref(),
@@ -98,7 +98,7 @@ async fn a_gap_parks_the_account_until_the_missing_event_arrives() {
         .apply(&mut client, &log.batch(7, 100))
         .await
         .expect("batch 2");
-    assert_eq!(second.counts.parked, 1);
+    assert_eq!(second.counts.waiting, 1);
     assert_eq!(second.counts.dup_seq, 1);
     assert_eq!(waiting(&client, 1).await, [4, 5, 6]);
     assert_eq!(trail(&client, 1).await.as_deref(), Some("1,2"));
@@ -147,7 +147,7 @@ async fn a_failing_statement_dead_letters_that_event_and_parks_only_its_account(
     assert_eq!(outcome.counts.failed, 1);
     assert_eq!(trail(&client, 1).await.as_deref(), Some("1"));
     assert_eq!(trail(&client, 2).await.as_deref(), Some("1,2,3"));
-    assert_eq!(parked(&client).await, [(1, "failed".to_owned(), 2)]);
+    assert_eq!(parked(&client).await, [(1, "dead_letter".to_owned(), 2)]);
     assert_eq!(waiting(&client, 1).await, [3]);
 
     let row = client
@@ -166,8 +166,8 @@ async fn a_failing_statement_dead_letters_that_event_and_parks_only_its_account(
     assert_eq!(row.get::<_, i64>(2), 2);
     assert_eq!(row.get::<_, Vec<u8>>(3), log.log[2].payload);
 
-    // Later events of the account keep waiting in order; the failed one is not retried by
-    // accident when its seq is redelivered.
+    // Later events of the account keep waiting in order. A redelivery of the failed event
+    // fails again and is dead-lettered again (at its new offset); the park names the newest.
     let mut log = log;
     log.push_event(&f(1, 4, "4"));
     log.push_event(&f(1, 2, "2000000"));
@@ -177,8 +177,34 @@ async fn a_failing_statement_dead_letters_that_event_and_parks_only_its_account(
         .expect("later");
     assert_eq!(
         later.dispositions.iter().map(|d| d.1).collect::<Vec<_>>(),
-        [Waiting, Waiting]
+        [Waiting, DeadLettered]
     );
-    assert_eq!(waiting(&client, 1).await, [2, 3, 4]);
+    assert_eq!(waiting(&client, 1).await, [3, 4]);
     assert_eq!(trail(&client, 1).await.as_deref(), Some("1"));
+    let (reason, dead_letter, newest): (String, Option<i64>, i64) = client
+        .query_one(
+            "SELECT k.reason, k.dead_letter_id, (SELECT max(id) FROM projector.dead_letters) \
+             FROM projector.parked_accounts k WHERE k.account_id = 1",
+            &[],
+        )
+        .await
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .expect("parked");
+    assert_eq!(
+        (reason.as_str(), dead_letter),
+        ("dead_letter", Some(newest))
+    );
+
+    // The producer republishes seq 2 corrected (same event id): it is applied, and what
+    // waited behind it drains in order.
+    log.push_event(&f(1, 2, "2"));
+    let fixed = applier
+        .apply(&mut client, &log.batch(8, 100))
+        .await
+        .expect("fixed");
+    assert_eq!(fixed.dispositions, [(8, Applied)]);
+    assert_eq!(fixed.counts.drained, 2);
+    assert_eq!(trail(&client, 1).await.as_deref(), Some("1,2,3,4"));
+    assert!(parked(&client).await.is_empty());
+    assert!(waiting(&client, 1).await.is_empty());
 }

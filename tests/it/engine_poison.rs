@@ -82,7 +82,7 @@ async fn poison_is_dead_lettered_with_its_bytes_and_nothing_is_lost() {
         assert_eq!(by_offset[&(offset as i64)], *want, "offset {offset}");
     }
     let c = &outcome.counts;
-    assert_eq!((c.applied, c.ignored, c.poison, c.parked), (3, 1, 4, 1));
+    assert_eq!((c.applied, c.ignored, c.poison, c.waiting), (3, 1, 4, 1));
     assert_eq!(outcome.next_offset, 9);
 
     // Dead letters hold the exact bytes, where they came from and why.
@@ -125,7 +125,7 @@ async fn poison_is_dead_lettered_with_its_bytes_and_nothing_is_lost() {
     // with its bytes, instead of being applied out of order.
     let waiting: Vec<u8> = client
         .query_one(
-            "SELECT payload FROM projector.parked_events WHERE consumer = 'trail_v1' AND account_id = 3 AND seq = 2",
+            "SELECT payload FROM projector.waiting_events WHERE consumer = 'trail_v1' AND account_id = 3 AND seq = 2",
             &[],
         )
         .await

@@ -121,11 +121,11 @@ async fn three_consumers_joining_and_leaving_give_the_fold() {
 
     let client = db.client().await;
     assert_eq!(rows(&client, "trail_v1").await, trail_fold(&events));
-    // Nothing lost, nothing parked, and the stream's duplicates were all counted.
-    let (applied, duplicates, dead, parked): (i64, i64, i64, i64) = {
+    // Nothing lost, nothing waiting, and the stream's duplicates were all counted.
+    let (applied, duplicates, dead, waiting): (i64, i64, i64, i64) = {
         let r = client
             .query_one(
-                "SELECT sum(applied)::bigint, sum(duplicates)::bigint, sum(dead_lettered)::bigint, sum(parked)::bigint \
+                "SELECT sum(applied)::bigint, sum(duplicates)::bigint, sum(dead_lettered)::bigint, sum(waiting)::bigint \
                  FROM projector.offsets WHERE consumer = 'trail_v1'",
                 &[],
             )
@@ -135,7 +135,7 @@ async fn three_consumers_joining_and_leaving_give_the_fold() {
     };
     assert_eq!(applied, events.len() as i64);
     assert_eq!(duplicates, (stream.len() - events.len()) as i64);
-    assert_eq!((dead, parked), (0, 0));
+    assert_eq!((dead, waiting), (0, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

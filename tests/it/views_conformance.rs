@@ -420,7 +420,7 @@ fn totals(consumer: &str, outcomes: &[BatchOutcome]) -> Counts {
     for o in outcomes {
         let c = &o.counts;
         assert_eq!(
-            (c.poison, c.failed, c.parked),
+            (c.poison, c.failed, c.waiting),
             (0, 0, 0),
             "{consumer}: {c:?}"
         );

@@ -151,7 +151,7 @@ fn assert_clean(consumer: &str, outcomes: &[BatchOutcome]) {
     for o in outcomes {
         let c = &o.counts;
         assert_eq!(
-            (c.poison, c.failed, c.parked),
+            (c.poison, c.failed, c.waiting),
             (0, 0, 0),
             "{consumer}: {c:?}"
         );

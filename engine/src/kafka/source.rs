@@ -12,6 +12,13 @@
 //!   blocks the poll thread, never the async runtime.
 //! - **Zombies.** A worker that lost its partition without noticing (a stall past the
 //!   session timeout) finds its batch fenced by the offset row: it cannot commit.
+//! - **Fencing never skips.** A fenced worker resumes exactly at the stored offset: from the
+//!   messages it already holds when the offset lies among them, by dropping what another
+//!   writer committed when it lies beyond, or by seeking the consumer back when it lies
+//!   before them (messages fetched before the seek are told apart by an epoch).
+//! - **Bounded waits.** A batch attempt that outlives [`KafkaConfig::attempt_timeout`] (a hung
+//!   server or network) gives its connection up and is retried, so a revocation, which
+//!   waits for in-flight batches, and a shutdown always finish.
 //! - **Outages.** A batch that fails for database reasons is retried with backoff, with one
 //!   log line when the incident starts and one when it ends; the offset never advances
 //!   without the batch.
@@ -60,6 +67,9 @@ pub struct KafkaConfig {
     pub linger: Duration,
     /// Commit offsets to Kafka too (after PostgreSQL), so lag tools see progress.
     pub commit_to_kafka: bool,
+    /// The longest a batch attempt may take before its connection is given up and the batch
+    /// retried; see [`crate::db::Settings::attempt_timeout`].
+    pub attempt_timeout: Duration,
 }
 
 impl KafkaConfig {
@@ -79,6 +89,7 @@ impl KafkaConfig {
             // fetch response arrive before the batch closes.
             linger: Duration::from_millis(1),
             commit_to_kafka: true,
+            attempt_timeout: crate::db::Settings::default().attempt_timeout(),
         }
     }
 
@@ -165,8 +176,25 @@ pub trait Observer: Send + Sync + 'static {
 pub struct NoObserver;
 impl Observer for NoObserver {}
 
+/// A message on its way from the poll thread to a worker, with the partition's epoch when
+/// it was polled: the epoch grows with every seek, and a worker that asked for a seek drops
+/// what was fetched before it.
+struct Fetched {
+    epoch: u64,
+    message: Message,
+}
+
+/// A worker's request to move its partition's fetch position (after a fencing that left
+/// the stored offset before the messages it holds).
+struct Seek {
+    partition: i32,
+    offset: i64,
+}
+
 struct WorkerHandle {
-    messages: mpsc::Sender<Message>,
+    messages: mpsc::Sender<Fetched>,
+    /// The partition's epoch: how many seeks the poll thread has done for it.
+    epoch: u64,
     stop: Option<oneshot::Sender<()>>,
     done: Option<oneshot::Receiver<()>>,
 }
@@ -178,6 +206,7 @@ struct Shared {
     runtime: tokio::runtime::Handle,
     workers: Mutex<HashMap<i32, WorkerHandle>>,
     committed: std::sync::mpsc::Sender<(i32, i64)>,
+    seeks: std::sync::mpsc::Sender<Seek>,
     observer: Arc<dyn Observer>,
     shutdown: CancellationToken,
     /// A fatal error from a worker, reported by `run`.
@@ -287,13 +316,18 @@ impl Context {
         let shared = &self.shared;
         let mut backoff = Backoff::new();
         loop {
-            let result = shared.runtime.block_on(async {
+            let read = async {
                 let client = shared.pool.get().await.map_err(|e| e.to_string())?;
                 shared
                     .applier
                     .stored_offset(&client, &shared.config.topic, partition)
                     .await
                     .map_err(|e| e.to_string())
+            };
+            let result = shared.runtime.block_on(async {
+                tokio::time::timeout(shared.config.attempt_timeout, read)
+                    .await
+                    .unwrap_or_else(|_| Err("timed out".to_owned()))
             });
             match result {
                 Ok(stored) => {
@@ -319,6 +353,7 @@ impl Context {
             shared: shared.clone(),
             partition,
             position: stored,
+            epoch: 0,
         };
         shared.runtime.spawn(async move {
             worker.run(rx, stop_rx).await;
@@ -326,6 +361,7 @@ impl Context {
         });
         let handle = WorkerHandle {
             messages: tx,
+            epoch: 0,
             stop: Some(stop_tx),
             done: Some(done_rx),
         };
@@ -363,16 +399,69 @@ struct Worker {
     partition: i32,
     /// The next offset to apply; `None` until the first batch of a never-committed partition.
     position: Option<i64>,
+    /// Messages of older epochs were fetched before the last seek this worker asked for.
+    epoch: u64,
+}
+
+/// What the worker does after a batch was fenced at `stored`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Resume {
+    /// Apply the messages of the batch from `stored` on, now.
+    Tail(Batch),
+    /// Another writer committed past the batch: drop what arrives below `stored`.
+    Skip,
+    /// `stored` lies before the batch: the consumer must fetch again from there.
+    SeekBack,
+}
+
+/// Where to resume after a fencing, so that no offset is skipped: the batch read
+/// `[start, last]`; the partition is committed up to `stored`.
+fn resume(batch: &Batch, stored: i64) -> Resume {
+    if stored < batch.start_offset {
+        return Resume::SeekBack;
+    }
+    let tail: Vec<Message> = batch
+        .messages
+        .iter()
+        .filter(|m| m.offset >= stored)
+        .cloned()
+        .collect();
+    if tail.is_empty() {
+        Resume::Skip
+    } else {
+        Resume::Tail(Batch {
+            topic: batch.topic.clone(),
+            partition: batch.partition,
+            start_offset: stored,
+            messages: tail,
+        })
+    }
 }
 
 impl Worker {
-    async fn run(mut self, mut rx: mpsc::Receiver<Message>, mut stop: oneshot::Receiver<()>) {
+    /// The next message of the current epoch; `None` when the worker must end.
+    async fn next(
+        &self,
+        rx: &mut mpsc::Receiver<Fetched>,
+        stop: &mut oneshot::Receiver<()>,
+    ) -> Option<Message> {
+        loop {
+            let fetched = tokio::select! {
+                biased;
+                _ = &mut *stop => return None,
+                m = rx.recv() => m?,
+            };
+            if fetched.epoch >= self.epoch {
+                return Some(fetched.message);
+            }
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::Receiver<Fetched>, mut stop: oneshot::Receiver<()>) {
         let config = self.shared.config.clone();
         loop {
-            let first = tokio::select! {
-                biased;
-                _ = &mut stop => return,
-                m = rx.recv() => match m { Some(m) => m, None => return },
+            let Some(first) = self.next(&mut rx, &mut stop).await else {
+                return;
             };
             let mut messages = vec![first];
             let mut bytes = messages[0].payload.len();
@@ -382,21 +471,19 @@ impl Worker {
             // waits at all.
             let deadline = tokio::time::Instant::now() + config.linger;
             while messages.len() < config.max_batch_messages && bytes < config.max_batch_bytes {
-                match rx.try_recv() {
-                    Ok(m) => {
-                        bytes += m.payload.len();
-                        messages.push(m);
-                    }
+                let fetched = match rx.try_recv() {
+                    Ok(f) => f,
                     Err(mpsc::error::TryRecvError::Empty) => {
                         match tokio::time::timeout_at(deadline, rx.recv()).await {
-                            Ok(Some(m)) => {
-                                bytes += m.payload.len();
-                                messages.push(m);
-                            }
+                            Ok(Some(f)) => f,
                             _ => break,
                         }
                     }
                     Err(mpsc::error::TryRecvError::Disconnected) => break,
+                };
+                if fetched.epoch >= self.epoch {
+                    bytes += fetched.message.payload.len();
+                    messages.push(fetched.message);
                 }
             }
             // After a fencing, messages below the stored offset were applied by someone else.
@@ -405,28 +492,69 @@ impl Worker {
             if messages.is_empty() {
                 continue;
             }
-            let batch = Batch {
+            let mut batch = Batch {
                 topic: config.topic.clone(),
                 partition: self.partition,
                 start_offset: start,
                 messages,
             };
-            if !self.apply(&batch, &mut stop).await {
-                return;
+            loop {
+                match self.apply(&batch, &mut stop).await {
+                    Applied::Committed => break,
+                    Applied::Stop => return,
+                    Applied::Fenced(stored) => match resume(&batch, stored) {
+                        Resume::Tail(tail) => batch = tail,
+                        Resume::Skip => {
+                            self.position = Some(stored);
+                            break;
+                        }
+                        Resume::SeekBack => {
+                            tracing::warn!(consumer = %self.shared.applier.consumer(), partition = self.partition, stored, "the stored offset is behind what this worker read; fetching again from it");
+                            self.position = Some(stored);
+                            self.epoch += 1;
+                            let _ = self.shared.seeks.send(Seek {
+                                partition: self.partition,
+                                offset: stored,
+                            });
+                            break;
+                        }
+                    },
+                }
             }
         }
     }
 
     /// Applies one batch, retrying database failures until it commits, is fenced, or the
-    /// worker is told to stop. Returns false when the worker must end.
-    async fn apply(&mut self, batch: &Batch, stop: &mut oneshot::Receiver<()>) -> bool {
+    /// worker is told to stop. Each attempt is bounded: one that outlives the attempt
+    /// timeout gives its connection up (the server ends its transaction) and is retried.
+    async fn apply(&mut self, batch: &Batch, stop: &mut oneshot::Receiver<()>) -> Applied {
         let shared = self.shared.clone();
         let consumer = shared.applier.consumer().to_owned();
         let mut backoff = Backoff::new();
         shared.observer.before_apply(&consumer, batch).await;
         loop {
             let result = match shared.pool.get().await {
-                Ok(mut client) => shared.applier.apply(&mut client, batch).await.map_err(Some),
+                Ok(mut client) => {
+                    let attempt = tokio::time::timeout(
+                        shared.config.attempt_timeout,
+                        shared.applier.apply(&mut client, batch),
+                    )
+                    .await;
+                    match attempt {
+                        Ok(result) => result.map_err(Some),
+                        Err(_) => {
+                            // The answer is not coming: close the connection rather than
+                            // hand it to the next batch.
+                            drop(deadpool_postgres::Object::take(client));
+                            backoff.failed(
+                                &consumer,
+                                "applying a batch",
+                                "no answer from PostgreSQL within the attempt timeout",
+                            );
+                            Err(None)
+                        }
+                    }
+                }
                 Err(e) => {
                     backoff.failed(&consumer, "connecting to PostgreSQL", &e.to_string());
                     Err(None)
@@ -440,15 +568,14 @@ impl Worker {
                     shared
                         .observer
                         .committed(&consumer, self.partition, outcome.next_offset);
-                    return true;
+                    return Applied::Committed;
                 }
                 Err(Some(ApplyError::Fenced { stored, start, .. })) => {
                     shared
                         .observer
                         .fenced(&consumer, self.partition, start, stored);
-                    tracing::warn!(%consumer, partition = self.partition, stored, "fenced: another consumer committed this partition; skipping to its offset");
-                    self.position = Some(stored);
-                    return true;
+                    tracing::warn!(%consumer, partition = self.partition, start, stored, "fenced: another writer committed this partition; resuming at its offset");
+                    return Applied::Fenced(stored);
                 }
                 Err(Some(e)) if e.is_retryable() => {
                     backoff.failed(&consumer, "applying a batch", &e.to_string())
@@ -459,16 +586,25 @@ impl Worker {
                         fatal.get_or_insert(SourceError::Apply(e));
                     }
                     shared.shutdown.cancel();
-                    return false;
+                    return Applied::Stop;
                 }
                 Err(None) => {}
             }
             tokio::select! {
-                _ = &mut *stop => return false,
+                _ = &mut *stop => return Applied::Stop,
                 _ = backoff.sleep() => {}
             }
         }
     }
+}
+
+/// How one batch ended.
+enum Applied {
+    Committed,
+    /// Fenced: the partition is committed up to this offset.
+    Fenced(i64),
+    /// The worker must end.
+    Stop,
 }
 
 /// Exponential backoff with one log line per incident.
@@ -536,12 +672,14 @@ pub async fn run_view(
         applier.prepare(&client).await?;
     }
     let (committed_tx, committed_rx) = std::sync::mpsc::channel();
+    let (seeks_tx, seeks_rx) = std::sync::mpsc::channel();
     let shared = Arc::new(Shared {
         applier,
         pool,
         runtime: tokio::runtime::Handle::current(),
         workers: Mutex::new(HashMap::new()),
         committed: committed_tx,
+        seeks: seeks_tx,
         observer,
         shutdown: shutdown.clone(),
         fatal: Mutex::new(None),
@@ -561,7 +699,7 @@ pub async fn run_view(
     let thread_shared = shared.clone();
     let poll = std::thread::Builder::new()
         .name(format!("poll-{consumer_name}"))
-        .spawn(move || poll_loop(consumer, thread_shared, committed_rx))
+        .spawn(move || poll_loop(consumer, thread_shared, committed_rx, seeks_rx))
         .map_err(|e| SourceError::Thread {
             consumer: consumer_name.clone(),
             message: format!("cannot start the poll thread: {e}"),
@@ -586,9 +724,13 @@ fn poll_loop(
     consumer: BaseConsumer<Context>,
     shared: Arc<Shared>,
     committed: std::sync::mpsc::Receiver<(i32, i64)>,
+    seeks: std::sync::mpsc::Receiver<Seek>,
 ) {
     let topic = shared.config.topic.clone();
+    let mut pending_seeks: Vec<Seek> = Vec::new();
     while !shared.shutdown.is_cancelled() {
+        pending_seeks.extend(seeks.try_iter());
+        pending_seeks.retain(|seek| !perform_seek(&consumer, &shared, seek));
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
             Some(Ok(m)) => {
@@ -605,8 +747,9 @@ fn poll_loop(
                     .workers
                     .lock()
                     .ok()
-                    .and_then(|w| w.get(&m.partition()).map(|h| h.messages.clone()));
-                if let Some(sender) = sender {
+                    .and_then(|w| w.get(&m.partition()).map(|h| (h.messages.clone(), h.epoch)));
+                if let Some((sender, epoch)) = sender {
+                    let message = Fetched { epoch, message };
                     // Blocks when the worker is behind: back-pressure instead of memory. The
                     // non-blocking attempt first spares the common case the cost of parking
                     // this thread on a future.
@@ -652,6 +795,34 @@ fn poll_loop(
     drop(consumer);
 }
 
+/// Moves a partition's fetch position back to a fenced worker's stored offset. With a
+/// timeout, librdkafka purges what it fetched for the old position before returning, so
+/// every message polled afterwards belongs to the new epoch. Returns false to try again on
+/// the next turn of the poll loop.
+fn perform_seek(consumer: &BaseConsumer<Context>, shared: &Shared, seek: &Seek) -> bool {
+    let Ok(mut workers) = shared.workers.lock() else {
+        return true;
+    };
+    let Some(handle) = workers.get_mut(&seek.partition) else {
+        return true; // revoked meanwhile: the next owner starts at the stored offset
+    };
+    match consumer.seek(
+        &shared.config.topic,
+        seek.partition,
+        Offset::Offset(seek.offset),
+        Duration::from_secs(5),
+    ) {
+        Ok(()) => {
+            handle.epoch += 1;
+            true
+        }
+        Err(e) => {
+            tracing::warn!(consumer = %shared.applier.consumer(), partition = seek.partition, error = %e, "seek failed; retrying");
+            false
+        }
+    }
+}
+
 /// Runs every given view version against the topic until `shutdown` is cancelled. Views are
 /// independent: one that stops with an error does not stop the others; every error is
 /// returned at the end.
@@ -689,5 +860,54 @@ pub async fn run_views(
         Ok(())
     } else {
         Err(errors)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(start: i64, offsets: &[i64]) -> Batch {
+        Batch {
+            topic: "t".to_owned(),
+            partition: 0,
+            start_offset: start,
+            messages: offsets
+                .iter()
+                .map(|&o| Message::new(o, None, o.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_fencing_inside_the_batch_resumes_at_the_stored_offset() {
+        // A zombie committed [100, 110) while this worker read [100, 120).
+        let read = batch(100, &(100..120).collect::<Vec<_>>());
+        let Resume::Tail(tail) = resume(&read, 110) else {
+            panic!("the tail from 110 must be applied");
+        };
+        assert_eq!(tail.start_offset, 110);
+        let offsets: Vec<i64> = tail.messages.iter().map(|m| m.offset).collect();
+        assert_eq!(offsets, (110..120).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_stored_offset_between_messages_keeps_every_later_one() {
+        // Offsets 103 and 104 are transaction markers: no message carries them.
+        let read = batch(100, &[100, 101, 102, 105, 106]);
+        let Resume::Tail(tail) = resume(&read, 104) else {
+            panic!("tail expected");
+        };
+        assert_eq!(tail.start_offset, 104);
+        assert_eq!(tail.messages[0].offset, 105);
+    }
+
+    #[test]
+    fn a_fencing_beyond_the_batch_skips_it_and_one_before_seeks_back() {
+        let read = batch(100, &[100, 101]);
+        assert_eq!(resume(&read, 102), Resume::Skip);
+        assert_eq!(resume(&read, 500), Resume::Skip);
+        assert_eq!(resume(&read, 99), Resume::SeekBack);
+        assert_eq!(resume(&batch(100, &[]), 100), Resume::Skip);
     }
 }

@@ -1,0 +1,398 @@
+//! What a batch records besides the view's rows, in the same transaction: dead letters,
+//! waiting events, parked accounts, per-account progress, and the fenced offset update with
+//! the batch's counts. All of it goes out in one pipeline.
+
+use deadpool_postgres::Transaction;
+
+use crate::apply::plan::{Decoded, Source, Work};
+use crate::apply::types::{ApplyError, Counts};
+use crate::apply::Applier;
+use crate::event::{safe_text, MAX_ID_BYTES};
+use crate::queries;
+use crate::sequencer::Item;
+
+/// The longest error text stored on a dead letter.
+const MAX_ERROR_BYTES: usize = 2000;
+
+/// Where the offset moves when the batch commits.
+#[derive(Debug, Clone)]
+pub(crate) struct Advance<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub start_offset: i64,
+    pub next_offset: i64,
+}
+
+/// One dead letter. Text columns get a safe rendering: writing a dead letter must never fail
+/// because of what the message holds (its raw bytes go in as `bytea`).
+struct DeadLetter<'a> {
+    source: Source<'a>,
+    kind: &'static str,
+    event_id: Option<String>,
+    account_id: Option<i64>,
+    seq: Option<i64>,
+    error: String,
+}
+
+/// Dead letters as the columns of [`queries::INSERT_DEAD_LETTERS`].
+#[derive(Default)]
+struct DeadLetters<'a> {
+    topic: Vec<&'a str>,
+    partition: Vec<i32>,
+    offset: Vec<i64>,
+    kind: Vec<&'static str>,
+    key: Vec<Option<&'a [u8]>>,
+    payload: Vec<&'a [u8]>,
+    event_id: Vec<Option<String>>,
+    account_id: Vec<Option<i64>>,
+    seq: Vec<Option<i64>>,
+    error: Vec<String>,
+}
+
+impl Advance<'_> {
+    /// The fenced offset update, adding the batch's counts. Returns the rows updated: 1, or
+    /// 0 when the partition is not where the batch started.
+    async fn run(
+        &self,
+        tx: &Transaction<'_>,
+        statement: &tokio_postgres::Statement,
+        consumer: &str,
+        counts: &Counts,
+    ) -> Result<u64, tokio_postgres::Error> {
+        let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        tx.execute(
+            statement,
+            &[
+                &consumer,
+                &self.topic,
+                &self.partition,
+                &self.next_offset,
+                &self.start_offset,
+                &as_i64(counts.applied),
+                &as_i64(counts.ignored),
+                &as_i64(counts.duplicates()),
+                &as_i64(counts.dead_lettered()),
+                &as_i64(counts.waiting),
+                &as_i64(counts.drained),
+            ],
+        )
+        .await
+    }
+}
+
+impl<'a> DeadLetters<'a> {
+    fn push(&mut self, d: DeadLetter<'a>) {
+        self.topic.push(d.source.topic);
+        self.partition.push(d.source.partition);
+        self.offset.push(d.source.offset);
+        self.kind.push(d.kind);
+        self.key.push(d.source.key);
+        self.payload.push(d.source.payload);
+        self.event_id
+            .push(d.event_id.map(|id| safe_text(&id, MAX_ID_BYTES)));
+        self.account_id.push(d.account_id);
+        self.seq.push(d.seq);
+        self.error.push(safe_text(&d.error, MAX_ERROR_BYTES));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.topic.is_empty()
+    }
+}
+
+/// Waiting events as the columns of [`queries::INSERT_WAITING`].
+#[derive(Default)]
+struct Waiting<'a> {
+    account: Vec<i64>,
+    seq: Vec<i64>,
+    event_id: Vec<&'a str>,
+    topic: Vec<&'a str>,
+    partition: Vec<i32>,
+    offset: Vec<i64>,
+    key: Vec<Option<&'a [u8]>>,
+    payload: Vec<&'a [u8]>,
+}
+
+impl<'a> Waiting<'a> {
+    fn push(&mut self, account: i64, seq: i64, event_id: &'a str, source: Source<'a>) {
+        self.account.push(account);
+        self.seq.push(seq);
+        self.event_id.push(event_id);
+        self.topic.push(source.topic);
+        self.partition.push(source.partition);
+        self.offset.push(source.offset);
+        self.key.push(source.key);
+        self.payload.push(source.payload);
+    }
+}
+
+/// Everything the bookkeeping pipeline writes, gathered from the settled work.
+#[derive(Default)]
+struct Rows<'a> {
+    dead: DeadLetters<'a>,
+    wait: Waiting<'a>,
+    /// Waiting events that leave the table: (account, seq).
+    drained: (Vec<i64>, Vec<i64>),
+    /// Accounts that end parked: (account, blocked seq, events waiting).
+    parks: (Vec<i64>, Vec<i64>, Vec<i64>),
+    unparks: Vec<i64>,
+    /// Accounts whose `last_seq` moved: (account, last seq, event holding it).
+    progress: (Vec<i64>, Vec<i64>, Vec<Option<&'a str>>),
+}
+
+fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
+    let mut rows = Rows::default();
+    for (i, d) in work.decoded.iter().enumerate() {
+        if let Decoded::Poison { error, salvage } = d {
+            rows.dead.push(DeadLetter {
+                source: work.source(Item::Batch(i)),
+                kind: "poison",
+                event_id: salvage.event_id.clone(),
+                account_id: salvage.account_id,
+                seq: salvage.seq,
+                error: error.clone(),
+            });
+        }
+    }
+    for i in work.stored_poison() {
+        let s = &work.stored[i];
+        let Decoded::Poison { error, salvage } = &s.decoded else {
+            continue;
+        };
+        rows.dead.push(DeadLetter {
+            source: work.source(Item::Stored(i)),
+            kind: "poison",
+            event_id: salvage.event_id.clone(),
+            account_id: Some(s.account_id),
+            seq: Some(s.seq),
+            error: format!("waited for an earlier seq, then no longer decoded: {error}"),
+        });
+        rows.drained.0.push(s.account_id);
+        rows.drained.1.push(s.seq);
+    }
+    for c in &work.conflicts {
+        let ev = work.decoded[c.index].event();
+        rows.dead.push(DeadLetter {
+            source: work.source(Item::Batch(c.index)),
+            kind: "conflict",
+            event_id: ev.map(|e| e.event_id.clone()),
+            account_id: ev.map(|e| e.account_id),
+            seq: ev.map(|e| e.seq),
+            error: c.error.clone(),
+        });
+    }
+
+    for acc in &work.accounts {
+        for (k, error) in &acc.failures {
+            let item = acc.plan.emitted[*k].1;
+            let ev = work.event(item);
+            rows.dead.push(DeadLetter {
+                source: work.source(item),
+                kind: "apply_failed",
+                event_id: ev.map(|e| e.event_id.clone()),
+                account_id: ev.map(|e| e.account_id),
+                seq: ev.map(|e| e.seq),
+                error: error.clone(),
+            });
+        }
+        // Stored events no longer waiting were applied, ignored, dead-lettered, or found
+        // stale (their seq applied meanwhile).
+        for &(seq, item) in acc.plan.emitted.iter().chain(&acc.plan.stale) {
+            if let Item::Stored(_) = item {
+                rows.drained.0.push(acc.account_id);
+                rows.drained.1.push(seq);
+            }
+        }
+        for (&seq, &item) in &acc.plan.waiting {
+            if let (Item::Batch(_), Some(ev)) = (item, work.event(item)) {
+                rows.wait
+                    .push(acc.account_id, seq, &ev.event_id, work.source(item));
+            }
+        }
+        match acc.blocked_seq() {
+            Some(blocked) => {
+                rows.parks.0.push(acc.account_id);
+                rows.parks.1.push(blocked);
+                rows.parks.2.push(acc.plan.waiting.len() as i64);
+            }
+            None if acc.initial.blocked.is_some() => rows.unparks.push(acc.account_id),
+            None => {}
+        }
+        if track_seq && acc.plan.last_seq != acc.initial.last_seq {
+            rows.progress.0.push(acc.account_id);
+            rows.progress.1.push(acc.plan.last_seq);
+            rows.progress.2.push(work.last_event_id(acc));
+        }
+    }
+    rows
+}
+
+impl Applier {
+    /// Writes everything the batch records besides the view's rows, in one pipeline, and
+    /// moves the offset when `advance` is given. Returns the batch's final counts.
+    pub(crate) async fn write_bookkeeping(
+        &self,
+        tx: &Transaction<'_>,
+        work: &Work<'_>,
+        advance: Option<Advance<'_>>,
+        release_savepoint: bool,
+    ) -> Result<Counts, ApplyError> {
+        let rows = gather(work, self.ordered);
+        let err = self.db("writing progress and offsets");
+        let c = &self.consumer;
+        // Every statement is prepared once per connection: on a cache hit preparing costs
+        // nothing, and prepared statements go out on the first poll, so the pipeline below
+        // reaches PostgreSQL in the order written (a park reads this batch's dead letters).
+        let prepare = |sql: &'static str| async move { tx.prepare_cached(sql).await };
+        let (insert_dead, insert_waiting, delete_waiting, park, unpark, save, advance_stmt) =
+            futures::try_join!(
+                prepare(queries::INSERT_DEAD_LETTERS),
+                prepare(queries::INSERT_WAITING),
+                prepare(queries::DELETE_WAITING),
+                prepare(queries::PARK_ACCOUNTS),
+                prepare(queries::UNPARK_ACCOUNTS),
+                prepare(queries::SAVE_PROGRESS),
+                prepare(queries::ADVANCE_OFFSET),
+            )
+            .map_err(&err)?;
+
+        let mut counts = work.counts.clone();
+        // Sent first: the fast path's savepoint, if it is still open. Everything here commits
+        // or rolls back together with it, so where exactly it is released does not matter.
+        let released = async {
+            if release_savepoint {
+                tx.batch_execute(queries::RELEASE_BATCH_SAVEPOINT).await?;
+            }
+            Ok(0)
+        };
+        let d = &rows.dead;
+        let dead_letters = async {
+            if d.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(
+                &insert_dead,
+                &[
+                    c,
+                    &d.topic,
+                    &d.partition,
+                    &d.offset,
+                    &d.kind,
+                    &d.key,
+                    &d.payload,
+                    &d.event_id,
+                    &d.account_id,
+                    &d.seq,
+                    &d.error,
+                ],
+            )
+            .await
+        };
+        let w = &rows.wait;
+        let waiting = async {
+            if w.account.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(
+                &insert_waiting,
+                &[
+                    c,
+                    &w.account,
+                    &w.seq,
+                    &w.event_id,
+                    &w.topic,
+                    &w.partition,
+                    &w.offset,
+                    &w.key,
+                    &w.payload,
+                ],
+            )
+            .await
+        };
+        let drained = async {
+            if rows.drained.0.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(&delete_waiting, &[c, &rows.drained.0, &rows.drained.1])
+                .await
+        };
+        let parks = async {
+            if rows.parks.0.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(&park, &[c, &rows.parks.0, &rows.parks.1, &rows.parks.2])
+                .await
+        };
+        let unparks = async {
+            if rows.unparks.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(&unpark, &[c, &rows.unparks]).await
+        };
+        let progress = async {
+            if rows.progress.0.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(
+                &save,
+                &[c, &rows.progress.0, &rows.progress.1, &rows.progress.2],
+            )
+            .await
+        };
+        let advance = advance.as_ref();
+        let advance_offset = |counts: Counts| async move {
+            match advance {
+                Some(adv) => adv.run(tx, &advance_stmt, c, &counts).await.map(|n| n == 1),
+                None => Ok(true),
+            }
+        };
+        let advanced = if w.account.is_empty() {
+            let (_, _, _, _, _, _, advanced) = futures::try_join!(
+                released,
+                dead_letters,
+                drained,
+                parks,
+                unparks,
+                progress,
+                advance_offset(counts.clone())
+            )
+            .map_err(&err)?;
+            advanced
+        } else {
+            // Only when events start waiting: their insert is awaited before the offset row
+            // adds up the counts. The accounts are locked and their waiting events loaded, so
+            // an event already waiting is caught as a duplicate before this insert; the
+            // conflict clause is a second line, and whatever it skipped is counted as the
+            // duplicate it is.
+            let (_, _, inserted) =
+                futures::try_join!(released, dead_letters, waiting).map_err(&err)?;
+            let expected = w.account.len() as u64;
+            if inserted < expected {
+                counts.dup_seq += expected - inserted;
+                counts.waiting = counts.waiting.saturating_sub(expected - inserted);
+            }
+            let (_, _, _, _, advanced) = futures::try_join!(
+                drained,
+                parks,
+                unparks,
+                progress,
+                advance_offset(counts.clone())
+            )
+            .map_err(&err)?;
+            advanced
+        };
+        if let (false, Some(adv)) = (advanced, advance) {
+            // Cannot happen while this transaction holds the row lock; if it ever does, say
+            // where the partition really is and refuse to commit.
+            let stored = self.read_offset(tx, adv.topic, adv.partition).await?;
+            return Err(ApplyError::Fenced {
+                consumer: self.consumer.clone(),
+                topic: adv.topic.to_owned(),
+                partition: adv.partition,
+                start: adv.start_offset,
+                stored: stored.unwrap_or(adv.start_offset),
+            });
+        }
+        Ok(counts)
+    }
+}

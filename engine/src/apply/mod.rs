@@ -1,0 +1,487 @@
+//! The hot path: one batch of one partition, applied to one view version, in one transaction.
+//!
+//! 1. Decode every message for this view: the envelope always, the data only for types the
+//!    view subscribes to. Poison is dead-lettered with its raw bytes.
+//! 2. Lock the partition's offset row and check that the batch starts where the last
+//!    committed batch ended (fencing); lock and read the batch's accounts' progress,
+//!    pipelined.
+//! 3. Per account, decide what is applied now, what repeats a taken `seq` (a duplicate, or a
+//!    conflict when its event id differs) and what waits ([`crate::sequencer`], [`plan`]).
+//! 4. Split the events into key-disjoint rounds and run the view's statement once per
+//!    round, pipelined ([`rounds`]). If a statement fails, isolate the event at fault with
+//!    savepoints: it is dead-lettered with the database error; its account parks.
+//! 5. Write dead letters, waiting events, parks, progress and the fenced offset update,
+//!    pipelined ([`bookkeeping`]), and commit.
+//!
+//! # Layout
+//!
+//! - [`types`]: batches, dispositions, counts and errors: what goes in and comes out.
+//! - `plan` (private): what each message is for this view; per-account sequencing,
+//!   duplicates and conflicts; settling statement failures into the plan.
+//! - `rounds` (private): the composed statement, rounds, their columns, failure isolation.
+//! - `bookkeeping` (private): everything a batch records besides the view's rows.
+
+mod bookkeeping;
+mod plan;
+mod rounds;
+pub mod types;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use deadpool_postgres::{Client, Transaction};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Statement;
+use tracing::Instrument;
+
+use crate::event::{check_data, decode_envelope, salvage, Event, Message};
+use crate::metrics::ViewMetrics;
+use crate::projection::{check_compatible, Projection, SourceOrdering, ViewError};
+use crate::queries;
+
+use bookkeeping::Advance;
+use plan::{AccountState, Decoded, StoredEvent, Work};
+
+pub use rounds::compose_statement;
+pub use types::{ApplyError, Batch, BatchOutcome, Counts, Disposition};
+
+/// The partition's offset row as the batch found it.
+enum Fence {
+    /// Locked by this transaction, at this next offset.
+    Held(i64),
+    /// Another writer created it meanwhile; it stands at this next offset.
+    Lost(i64),
+}
+
+/// The prepared statements that load a batch's accounts.
+struct AccountStatements {
+    /// Creates missing progress rows, so that every account can be locked.
+    ensure: Option<Statement>,
+    read: Statement,
+}
+
+/// How much per-account state a view version keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tracking {
+    /// Unordered source: the inbox alone judges.
+    None,
+    /// An order-independent view on an ordered source: the rebuild watermark counts, gaps do
+    /// not park.
+    Watermark,
+    /// An order-dependent view on an ordered source: `seq` order, gaps park.
+    Seq,
+}
+
+/// Applies batches to one view version.
+pub struct Applier {
+    projection: Arc<dyn Projection>,
+    consumer: String,
+    tracking: Tracking,
+    /// True for an order-dependent view: rounds, and nothing after an account's failed event.
+    ordered: bool,
+    subscribes: HashSet<String>,
+    statement: String,
+    metrics: ViewMetrics,
+}
+
+impl std::fmt::Debug for Applier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Applier")
+            .field("consumer", &self.consumer)
+            .field("tracking", &self.tracking)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Applier {
+    /// An applier for `projection` reading a source with the given ordering. Refuses a view
+    /// whose dedup mode or order dependence the source cannot support.
+    pub fn new(
+        projection: Arc<dyn Projection>,
+        ordering: SourceOrdering,
+    ) -> Result<Self, ViewError> {
+        check_compatible(&*projection, ordering)?;
+        let consumer = projection.consumer();
+        let ordered = !projection.order_independent();
+        let tracking = match (ordering, ordered) {
+            (SourceOrdering::Unordered, _) => Tracking::None,
+            (SourceOrdering::PerAccount, false) => Tracking::Watermark,
+            (SourceOrdering::PerAccount, true) => Tracking::Seq,
+        };
+        Ok(Self {
+            statement: compose_statement(&*projection),
+            subscribes: projection
+                .subscribes()
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+            metrics: ViewMetrics::new(&consumer),
+            tracking,
+            ordered,
+            consumer,
+            projection,
+        })
+    }
+
+    /// The view version's consumer name.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// The view this applier serves.
+    pub fn projection(&self) -> &Arc<dyn Projection> {
+        &self.projection
+    }
+
+    /// The composed statement run once per round.
+    pub fn statement(&self) -> &str {
+        &self.statement
+    }
+
+    fn db(&self, doing: &'static str) -> impl Fn(tokio_postgres::Error) -> ApplyError + '_ {
+        move |source| ApplyError::Database {
+            consumer: self.consumer.clone(),
+            doing,
+            source,
+        }
+    }
+
+    /// Whether an event goes to the view's statement.
+    fn sends(&self, event: &Event) -> bool {
+        self.subscribes.contains(&event.event_type)
+    }
+
+    /// Prepares the view's statement, so that a broken view fails at start, not mid-stream.
+    pub async fn prepare(&self, client: &Client) -> Result<(), ApplyError> {
+        client
+            .prepare_cached(&self.statement)
+            .await
+            .map(drop)
+            .map_err(self.db("preparing the view statement"))
+    }
+
+    /// The committed next offset of a partition, if any batch was ever committed for it.
+    pub async fn stored_offset(
+        &self,
+        client: &Client,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<i64>, ApplyError> {
+        let row = client
+            .query_opt(queries::READ_OFFSET, &[&self.consumer, &topic, &partition])
+            .await
+            .map_err(self.db("reading the stored offset"))?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn read_offset(
+        &self,
+        tx: &Transaction<'_>,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<i64>, ApplyError> {
+        let row = tx
+            .query_opt(queries::READ_OFFSET, &[&self.consumer, &topic, &partition])
+            .await
+            .map_err(self.db("reading the stored offset"))?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    /// Applies a batch in its own transaction and commits.
+    pub async fn apply(
+        &self,
+        client: &mut Client,
+        batch: &Batch,
+    ) -> Result<BatchOutcome, ApplyError> {
+        let span = tracing::info_span!(
+            "batch",
+            consumer = %self.consumer,
+            topic = %batch.topic,
+            partition = batch.partition,
+            start = batch.start_offset,
+            len = batch.messages.len(),
+        );
+        async {
+            let started = Instant::now();
+            let mut tx = client.transaction().await.map_err(self.db("beginning the transaction"))?;
+            let outcome = self.apply_in(&mut tx, batch).await?;
+            tx.commit().await.map_err(self.db("committing"))?;
+            self.metrics.record(&outcome.counts, started.elapsed());
+            tracing::debug!(next_offset = outcome.next_offset, counts = ?outcome.counts, "batch committed");
+            Ok(outcome)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Applies a batch inside the caller's transaction without committing it. Dropping the
+    /// transaction afterwards is a crash between apply and commit: nothing stays.
+    pub async fn apply_in(
+        &self,
+        tx: &mut Transaction<'_>,
+        batch: &Batch,
+    ) -> Result<BatchOutcome, ApplyError> {
+        self.check_batch(batch)?;
+        let Some(last) = batch.messages.last() else {
+            return Ok(BatchOutcome {
+                next_offset: batch.start_offset,
+                counts: Counts::default(),
+                dispositions: Vec::new(),
+            });
+        };
+        let next_offset = last.offset + 1;
+        let decoded = batch.messages.iter().map(|m| self.decode(m)).collect();
+        let mut work = Work::new(batch, decoded);
+        let accounts = work.account_ids();
+
+        // Every statement is prepared before any is sent: a prepared statement goes out when
+        // its future is first polled, so the offset row is locked before the accounts are,
+        // in every writer. A cache miss on one of them must not let the others overtake it.
+        let (lock, account_statements) =
+            futures::try_join!(self.prepare_lock(tx), self.prepare_accounts(tx))?;
+        let (fence, states) = futures::try_join!(
+            self.lock_offset(tx, batch, &lock),
+            self.load_accounts(tx, account_statements.as_ref(), &accounts)
+        )?;
+        match fence {
+            Fence::Held(stored) if stored == batch.start_offset => {}
+            Fence::Held(stored) | Fence::Lost(stored) => {
+                return Err(ApplyError::Fenced {
+                    consumer: self.consumer.clone(),
+                    topic: batch.topic.clone(),
+                    partition: batch.partition,
+                    start: batch.start_offset,
+                    stored,
+                })
+            }
+        }
+
+        self.plan(tx, &mut work, states).await?;
+        let release = self.execute(tx, &mut work).await?;
+        work.settle(self.ordered, &|e| self.sends(e));
+        let advance = Advance {
+            topic: &batch.topic,
+            partition: batch.partition,
+            start_offset: batch.start_offset,
+            next_offset,
+        };
+        let counts = self
+            .write_bookkeeping(tx, &work, Some(advance), release)
+            .await?;
+        let dispositions = batch
+            .messages
+            .iter()
+            .zip(&work.dispositions)
+            .map(|(m, d)| (m.offset, *d))
+            .collect();
+        Ok(BatchOutcome {
+            next_offset,
+            counts,
+            dispositions,
+        })
+    }
+
+    fn check_batch(&self, batch: &Batch) -> Result<(), ApplyError> {
+        let mut floor = batch.start_offset;
+        for m in &batch.messages {
+            if m.offset < floor {
+                return Err(ApplyError::BadBatch {
+                    consumer: self.consumer.clone(),
+                    topic: batch.topic.clone(),
+                    partition: batch.partition,
+                    start: batch.start_offset,
+                    offset: m.offset,
+                });
+            }
+            floor = m.offset + 1;
+        }
+        Ok(())
+    }
+
+    /// Decodes one message for this view: the envelope always; the data, and the view's own
+    /// checks, only for types it subscribes to. An event of another type advances the
+    /// account's `seq` whatever its data holds.
+    fn decode(&self, message: &Message) -> Decoded {
+        let checked = decode_envelope(message).and_then(|event| {
+            if self.sends(&event) {
+                check_data(&event)?;
+            }
+            Ok(event)
+        });
+        let result = checked.map_err(|e| e.to_string()).and_then(|event| {
+            if self.sends(&event) {
+                self.projection
+                    .validate(&event)
+                    .map_err(|e| format!("rejected by view {}: {e}", self.consumer))?;
+            }
+            Ok(event)
+        });
+        match result {
+            Ok(event) => Decoded::Event(event),
+            Err(error) => Decoded::Poison {
+                error,
+                salvage: salvage(&message.payload),
+            },
+        }
+    }
+
+    async fn prepare_lock(&self, tx: &Transaction<'_>) -> Result<Statement, ApplyError> {
+        // Cached per connection: a plain string would cost a parse round trip (and a plan) on
+        // every batch before the query itself.
+        tx.prepare_cached(queries::LOCK_OFFSET)
+            .await
+            .map_err(self.db("locking the offset row"))
+    }
+
+    /// Locks (or creates) the partition's offset row and returns where the partition is.
+    async fn lock_offset(
+        &self,
+        tx: &Transaction<'_>,
+        batch: &Batch,
+        lock: &Statement,
+    ) -> Result<Fence, ApplyError> {
+        let err = self.db("locking the offset row");
+        let key: [&(dyn ToSql + Sync); 4] = [
+            &self.consumer,
+            &batch.topic,
+            &batch.partition,
+            &batch.start_offset,
+        ];
+        if let Some(row) = tx.query_opt(lock, &key).await.map_err(&err)? {
+            return Ok(Fence::Held(row.get(0)));
+        }
+        // Another writer created the row meanwhile and committed: read where it is without
+        // waiting (this transaction may hold accounts by now), and send the batch back.
+        let stored = self
+            .read_offset(tx, &batch.topic, batch.partition)
+            .await?
+            .unwrap_or(batch.start_offset);
+        Ok(Fence::Lost(stored))
+    }
+
+    /// The statements that load the batch's accounts: for an order-dependent view, the one
+    /// that creates missing progress rows and the one that locks them; for an
+    /// order-independent one, a plain read.
+    async fn prepare_accounts(
+        &self,
+        tx: &Transaction<'_>,
+    ) -> Result<Option<AccountStatements>, ApplyError> {
+        let err = self.db("loading account progress");
+        match self.tracking {
+            Tracking::None => Ok(None),
+            Tracking::Watermark => {
+                let read = tx
+                    .prepare_cached(queries::READ_ACCOUNTS)
+                    .await
+                    .map_err(&err)?;
+                Ok(Some(AccountStatements { ensure: None, read }))
+            }
+            Tracking::Seq => {
+                let (ensure, read) = futures::try_join!(
+                    tx.prepare_cached(queries::ENSURE_PROGRESS),
+                    tx.prepare_cached(queries::LOCK_ACCOUNTS)
+                )
+                .map_err(&err)?;
+                Ok(Some(AccountStatements {
+                    ensure: Some(ensure),
+                    read,
+                }))
+            }
+        }
+    }
+
+    /// The stored state of the batch's accounts (sorted), locked for an order-dependent view.
+    async fn load_accounts(
+        &self,
+        tx: &Transaction<'_>,
+        statements: Option<&AccountStatements>,
+        accounts: &[i64],
+    ) -> Result<HashMap<i64, AccountState>, ApplyError> {
+        let Some(statements) = statements else {
+            return Ok(HashMap::new());
+        };
+        if accounts.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let err = self.db("loading account progress");
+        let params: [&(dyn ToSql + Sync); 2] = [&self.consumer, &accounts];
+        let ensure = async {
+            match &statements.ensure {
+                Some(ensure) => tx.execute(ensure, &params).await,
+                None => Ok(0),
+            }
+        };
+        let (_, rows) =
+            futures::try_join!(ensure, tx.query(&statements.read, &params)).map_err(&err)?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                (
+                    row.get(0),
+                    AccountState {
+                        last_seq: row.get::<_, Option<i64>>(1).unwrap_or(0),
+                        last_event_id: row.get(2),
+                        watermark: row.get(3),
+                        blocked: row.get(4),
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// Decides, per account, what is applied now, what is a duplicate or a conflict, and
+    /// what waits.
+    async fn plan(
+        &self,
+        tx: &Transaction<'_>,
+        work: &mut Work<'_>,
+        states: HashMap<i64, AccountState>,
+    ) -> Result<(), ApplyError> {
+        // Every waiting event of a parked account in the batch is loaded: the batch may bring
+        // what they wait for, repeat one of them, or find the park stale.
+        let parked: Vec<i64> = states
+            .iter()
+            .filter(|(_, s)| s.blocked.is_some())
+            .map(|(a, _)| *a)
+            .collect();
+        if !parked.is_empty() {
+            let rows = tx
+                .query(queries::LOAD_WAITING, &[&self.consumer, &parked])
+                .await
+                .map_err(self.db("loading waiting events"))?;
+            for row in rows {
+                let message = Message::new(row.get(5), row.get(6), row.get::<_, Vec<u8>>(7));
+                work.stored.push(StoredEvent {
+                    account_id: row.get(0),
+                    seq: row.get(1),
+                    topic: row.get(3),
+                    partition: row.get(4),
+                    decoded: self.decode(&message),
+                    message,
+                });
+            }
+        }
+        work.sequence(states, self.tracking == Tracking::Seq);
+
+        let ids: Vec<String> = work
+            .ids_to_check(self.projection.dedup().uses_inbox(), &|e| self.sends(e))
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let known: HashSet<String> = if ids.is_empty() {
+            HashSet::new()
+        } else {
+            tx.query(queries::IN_INBOX, &[&self.consumer, &ids])
+                .await
+                .map_err(self.db("looking up the inbox"))?
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
+        };
+        let checked: HashSet<String> = ids.into_iter().collect();
+        work.classify_taken(&checked, &known);
+        work.mark_repeated_ids(&|e| self.sends(e));
+        Ok(())
+    }
+}

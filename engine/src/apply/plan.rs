@@ -1,0 +1,589 @@
+//! Planning a batch: what each message is for this view, per account what is applied now,
+//! what repeats a taken `seq` (a duplicate, or a conflict), what waits; and, once the
+//! statements ran, settling their failures into the plan.
+//!
+//! Everything here but the loading is pure, so the rules are unit-tested without a database.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use crate::apply::types::{Batch, Counts, Disposition};
+use crate::event::{Event, Message, Salvage};
+use crate::sequencer::{self, Item, Verdict};
+
+/// A message as this view version sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Decoded {
+    /// A sound envelope, and sound data when the view subscribes to its type.
+    Event(Event),
+    /// Poison for this view: dead-lettered with what its envelope still yields.
+    Poison {
+        /// Why, for the dead-letter row.
+        error: String,
+        /// The event id, account and `seq`, when the envelope yields them.
+        salvage: Salvage,
+    },
+}
+
+impl Decoded {
+    pub(crate) fn event(&self) -> Option<&Event> {
+        match self {
+            Decoded::Event(e) => Some(e),
+            Decoded::Poison { .. } => None,
+        }
+    }
+}
+
+/// Where a message came from, for the dead-letter and waiting rows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Source<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<&'a [u8]>,
+    pub payload: &'a [u8],
+}
+
+/// An event that waited in `projector.waiting_events`, loaded because its account is in
+/// the batch.
+#[derive(Debug, Clone)]
+pub(crate) struct StoredEvent {
+    pub account_id: i64,
+    pub seq: i64,
+    pub topic: String,
+    pub partition: i32,
+    pub message: Message,
+    /// Decoded again: validation may have been tightened since it was stored.
+    pub decoded: Decoded,
+}
+
+/// An account's state as loaded at the start of the batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct AccountState {
+    pub last_seq: i64,
+    /// The event that holds `last_seq`, when known.
+    pub last_event_id: Option<String>,
+    pub watermark: Option<i64>,
+    /// The `seq` the account is parked at, if it is.
+    pub blocked: Option<i64>,
+}
+
+/// One account's work in this batch.
+#[derive(Debug, Clone)]
+pub(crate) struct AccountWork {
+    pub account_id: i64,
+    pub initial: AccountState,
+    pub plan: sequencer::Plan,
+    /// Indexes into `plan.emitted` of events whose statement failed, with the error. In an
+    /// order-dependent view there is at most one: nothing after it is applied.
+    pub failures: Vec<(usize, String)>,
+}
+
+impl AccountWork {
+    /// The `seq` the account is parked at once the batch commits.
+    pub(crate) fn blocked_seq(&self) -> Option<i64> {
+        self.plan.blocked_seq()
+    }
+}
+
+/// A batch event that claims a `seq` another event holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Conflict {
+    /// Index into the batch's messages.
+    pub index: usize,
+    /// Why, naming both events when the other is known.
+    pub error: String,
+}
+
+/// Everything known about a batch while it is being applied.
+#[derive(Debug)]
+pub(crate) struct Work<'b> {
+    pub batch: &'b Batch,
+    pub decoded: Vec<Decoded>,
+    pub stored: Vec<StoredEvent>,
+    pub accounts: Vec<AccountWork>,
+    pub dispositions: Vec<Disposition>,
+    pub conflicts: Vec<Conflict>,
+    /// Emitted events whose event id an earlier emitted event of this batch already carries:
+    /// one statement must not see an event twice, and the first one applies it.
+    pub repeated: HashSet<Item>,
+    pub counts: Counts,
+}
+
+impl<'b> Work<'b> {
+    pub(crate) fn new(batch: &'b Batch, decoded: Vec<Decoded>) -> Self {
+        let poison = decoded
+            .iter()
+            .filter(|d| matches!(d, Decoded::Poison { .. }))
+            .count() as u64;
+        Self {
+            batch,
+            dispositions: vec![Disposition::DeadLettered; decoded.len()],
+            decoded,
+            stored: Vec::new(),
+            accounts: Vec::new(),
+            conflicts: Vec::new(),
+            repeated: HashSet::new(),
+            counts: Counts {
+                poison,
+                ..Counts::default()
+            },
+        }
+    }
+
+    /// The distinct accounts of the batch's sound events, sorted (the lock order).
+    pub(crate) fn account_ids(&self) -> Vec<i64> {
+        let mut ids: Vec<i64> = self
+            .decoded
+            .iter()
+            .filter_map(|d| d.event().map(|e| e.account_id))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    pub(crate) fn event(&self, item: Item) -> Option<&Event> {
+        match item {
+            Item::Batch(i) => self.decoded[i].event(),
+            Item::Stored(i) => self.stored[i].decoded.event(),
+        }
+    }
+
+    pub(crate) fn source(&self, item: Item) -> Source<'_> {
+        match item {
+            Item::Batch(i) => {
+                let m = &self.batch.messages[i];
+                Source {
+                    topic: &self.batch.topic,
+                    partition: self.batch.partition,
+                    offset: m.offset,
+                    key: m.key.as_deref(),
+                    payload: &m.payload,
+                }
+            }
+            Item::Stored(i) => {
+                let s = &self.stored[i];
+                Source {
+                    topic: &s.topic,
+                    partition: s.partition,
+                    offset: s.message.offset,
+                    key: s.message.key.as_deref(),
+                    payload: &s.message.payload,
+                }
+            }
+        }
+    }
+
+    /// Stored events that no longer decode: dead-lettered now, and gone from the waiting
+    /// table (never counted as ignored and deleted).
+    pub(crate) fn stored_poison(&self) -> impl Iterator<Item = usize> + '_ {
+        self.stored
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s.decoded, Decoded::Poison { .. }))
+            .map(|(i, _)| i)
+    }
+
+    /// Runs the sequencer for every account. `states` holds the loaded state of accounts
+    /// that have one. `ordered` is false for an order-independent view.
+    pub(crate) fn sequence(&mut self, mut states: HashMap<i64, AccountState>, ordered: bool) {
+        let mut incoming: BTreeMap<i64, Vec<(i64, Item)>> = BTreeMap::new();
+        for (i, d) in self.decoded.iter().enumerate() {
+            if let Some(ev) = d.event() {
+                incoming
+                    .entry(ev.account_id)
+                    .or_default()
+                    .push((ev.seq, Item::Batch(i)));
+            }
+        }
+        let mut waiting: HashMap<i64, BTreeMap<i64, Item>> = HashMap::new();
+        for (i, s) in self.stored.iter().enumerate() {
+            if s.decoded.event().is_some() {
+                waiting
+                    .entry(s.account_id)
+                    .or_default()
+                    .insert(s.seq, Item::Stored(i));
+            }
+        }
+        for (account_id, events) in incoming {
+            let initial = states.remove(&account_id).unwrap_or_default();
+            let stored = sequencer::Stored {
+                last_seq: initial.last_seq,
+                watermark: initial.watermark,
+                waiting: waiting.remove(&account_id).unwrap_or_default(),
+            };
+            let plan = sequencer::plan(stored, &events, ordered);
+            for (&(_, item), verdict) in events.iter().zip(&plan.verdicts) {
+                let Item::Batch(i) = item else { continue };
+                self.dispositions[i] = match verdict {
+                    Verdict::Emit => Disposition::Applied,
+                    // Classified by `classify_taken` once the ids are known.
+                    Verdict::Taken(_) => Disposition::Duplicate,
+                    Verdict::Watermark => {
+                        self.counts.dup_watermark += 1;
+                        Disposition::BelowWatermark
+                    }
+                    Verdict::Wait => Disposition::Waiting,
+                };
+            }
+            self.accounts.push(AccountWork {
+                account_id,
+                initial,
+                plan,
+                failures: Vec::new(),
+            });
+        }
+    }
+
+    /// The batch events whose `seq` was taken before this batch and whose id only the inbox
+    /// can vouch for: subscribed events (only those leave an inbox row) of a view with an
+    /// inbox, unless the account's last event settles it.
+    pub(crate) fn ids_to_check(
+        &self,
+        uses_inbox: bool,
+        subscribed: &dyn Fn(&Event) -> bool,
+    ) -> Vec<&str> {
+        if !uses_inbox {
+            return Vec::new();
+        }
+        let mut ids = Vec::new();
+        for acc in &self.accounts {
+            for i in taken_before(acc, self) {
+                let Some(ev) = self.decoded[i].event() else {
+                    continue;
+                };
+                let settled = ev.seq == acc.initial.last_seq && acc.initial.last_event_id.is_some();
+                if !settled && subscribed(ev) {
+                    ids.push(ev.event_id.as_str());
+                }
+            }
+        }
+        ids
+    }
+
+    /// Tells true duplicates from conflicts among the events whose `seq` was taken. `known`
+    /// holds the checked ids the inbox has (see [`Work::ids_to_check`]); `checked` says
+    /// whether an id was looked up at all.
+    pub(crate) fn classify_taken(&mut self, checked: &HashSet<String>, known: &HashSet<String>) {
+        let mut conflicts = Vec::new();
+        let mut duplicates = 0;
+        for acc in &self.accounts {
+            let incoming = self
+                .decoded
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| d.event().is_some_and(|e| e.account_id == acc.account_id))
+                .map(|(i, _)| i);
+            for (i, verdict) in incoming.zip(&acc.plan.verdicts) {
+                let Verdict::Taken(holder) = *verdict else {
+                    continue;
+                };
+                let Some(ev) = self.decoded[i].event() else {
+                    continue;
+                };
+                let other = match holder {
+                    Some(h) => self.event(h).map(|e| Some(e.event_id.as_str())),
+                    None if ev.seq == acc.initial.last_seq => {
+                        acc.initial.last_event_id.as_deref().map(Some)
+                    }
+                    None if checked.contains(&ev.event_id) => {
+                        if known.contains(&ev.event_id) {
+                            Some(Some(ev.event_id.as_str()))
+                        } else {
+                            Some(None)
+                        }
+                    }
+                    // Nothing to compare with: it cannot have an effect either way.
+                    None => None,
+                };
+                match other {
+                    Some(Some(id)) if id != ev.event_id => conflicts.push(Conflict {
+                        index: i,
+                        error: format!(
+                            "conflict: seq {} of account {} is held by event {id:?}; event {:?} claims it too (two events, one seq: a write-side bug); not applied",
+                            ev.seq, ev.account_id, ev.event_id
+                        ),
+                    }),
+                    Some(None) => conflicts.push(Conflict {
+                        index: i,
+                        error: format!(
+                            "conflict: seq {} of account {} was applied before as another event (the account is at seq {}); event {:?} claims it too and was never applied (two events, one seq: a write-side bug)",
+                            ev.seq, ev.account_id, acc.plan.last_seq.max(acc.initial.last_seq), ev.event_id
+                        ),
+                    }),
+                    _ => duplicates += 1,
+                }
+            }
+        }
+        for c in &conflicts {
+            self.dispositions[c.index] = Disposition::DeadLettered;
+        }
+        self.counts.dup_seq += duplicates;
+        self.counts.conflicts += conflicts.len() as u64;
+        self.conflicts = conflicts;
+    }
+
+    /// Marks emitted events whose id an earlier emitted event of the batch carries. `sent`
+    /// says whether an event goes to the view's statement at all.
+    pub(crate) fn mark_repeated_ids(&mut self, sent: &dyn Fn(&Event) -> bool) {
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut repeated = HashSet::new();
+        for acc in &self.accounts {
+            for &(_, item) in &acc.plan.emitted {
+                let Some(ev) = self.event(item) else { continue };
+                if sent(ev) && !seen.insert(ev.event_id.as_str()) {
+                    repeated.insert(item);
+                }
+            }
+        }
+        for &item in &repeated {
+            self.counts.dup_inbox += 1;
+            if let Item::Batch(i) = item {
+                self.dispositions[i] = Disposition::Duplicate;
+            }
+        }
+        self.repeated = repeated;
+    }
+
+    /// Folds statement failures into each account's plan and fills in the dispositions and
+    /// counts of what the statements did not count. In an order-dependent view, nothing
+    /// after a failed event is applied: it waits, and the account parks at the failed `seq`.
+    pub(crate) fn settle(&mut self, ordered: bool, subscribed: &dyn Fn(&Event) -> bool) {
+        let mut counts = Counts::default();
+        let mut uncounted_repeats = 0;
+        for a in 0..self.accounts.len() {
+            // Stored events whose seq was applied meanwhile leave as duplicates.
+            let stale = self.accounts[a].plan.stale.len() as u64;
+            counts.drained += stale;
+            counts.dup_seq += stale;
+            let acc = &self.accounts[a];
+            let failed: HashSet<usize> = acc.failures.iter().map(|(k, _)| *k).collect();
+            let cut = match (ordered, acc.failures.iter().map(|(k, _)| *k).min()) {
+                (true, Some(k)) => k,
+                _ => acc.plan.emitted.len(),
+            };
+            for (k, &(_, item)) in acc.plan.emitted.iter().enumerate() {
+                let is_subscribed = self.event(item).is_some_and(subscribed);
+                if k > cut {
+                    if let Item::Batch(i) = item {
+                        self.dispositions[i] = Disposition::Waiting;
+                    }
+                    if self.repeated.contains(&item) {
+                        // Counted as a duplicate, but it waits: it is judged when it drains.
+                        uncounted_repeats += 1;
+                    }
+                    continue;
+                }
+                if let Item::Stored(_) = item {
+                    counts.drained += 1;
+                }
+                if failed.contains(&k) {
+                    counts.failed += 1;
+                    if let Item::Batch(i) = item {
+                        self.dispositions[i] = Disposition::DeadLettered;
+                    }
+                } else if !is_subscribed {
+                    counts.ignored += 1;
+                    if let Item::Batch(i) = item {
+                        self.dispositions[i] = Disposition::Ignored;
+                    }
+                }
+            }
+            if cut >= acc.plan.emitted.len() {
+                continue;
+            }
+            let acc = &mut self.accounts[a];
+            let emitted = std::mem::take(&mut acc.plan.emitted);
+            acc.plan.last_seq = if cut == 0 {
+                acc.initial.last_seq.max(acc.initial.watermark.unwrap_or(0))
+            } else {
+                emitted[cut - 1].0
+            };
+            acc.plan.waiting.extend(emitted[cut + 1..].iter().copied());
+            acc.plan.emitted = emitted[..=cut].to_vec();
+        }
+        self.counts.dup_inbox -= uncounted_repeats.min(self.counts.dup_inbox);
+        counts.drained += self.stored_poison().count() as u64;
+        counts.poison += self.stored_poison().count() as u64;
+        counts.waiting = self
+            .dispositions
+            .iter()
+            .filter(|d| **d == Disposition::Waiting)
+            .count() as u64;
+        self.counts += &counts;
+    }
+
+    /// The event that holds `last_seq` once the batch commits, for the progress row.
+    pub(crate) fn last_event_id<'s>(&'s self, acc: &'s AccountWork) -> Option<&'s str> {
+        match acc.plan.emitted.last() {
+            Some(&(seq, item)) if seq == acc.plan.last_seq => {
+                self.event(item).map(|e| e.event_id.as_str())
+            }
+            _ => acc.initial.last_event_id.as_deref(),
+        }
+    }
+}
+
+/// Batch messages of `acc` whose verdict is "taken before this batch".
+fn taken_before<'a>(acc: &'a AccountWork, work: &'a Work<'_>) -> impl Iterator<Item = usize> + 'a {
+    work.decoded
+        .iter()
+        .enumerate()
+        .filter(move |(_, d)| d.event().is_some_and(|e| e.account_id == acc.account_id))
+        .map(|(i, _)| i)
+        .zip(&acc.plan.verdicts)
+        .filter(|(_, v)| **v == Verdict::Taken(None))
+        .map(|(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::decode;
+
+    /// A fill of one unit, as `(event_id, account, seq)`.
+    #[derive(Clone)]
+    struct Spec(String, i64, i64);
+
+    impl Spec {
+        fn with_id(mut self, id: &str) -> Self {
+            self.0 = id.to_owned();
+            self
+        }
+    }
+
+    fn batch(events: &[Spec]) -> Batch {
+        Batch {
+            topic: "t".to_owned(),
+            partition: 0,
+            start_offset: 0,
+            messages: events
+                .iter()
+                .enumerate()
+                .map(|(i, Spec(id, account, seq))| {
+                    let payload = serde_json::json!({
+                        "event_id": id, "type": "fill_executed", "account_id": account,
+                        "seq": seq, "occurred_at": "2026-11-29T10:15:00Z",
+                        "data": {"symbol": "X", "side": "buy", "qty": "1", "price": "1"},
+                    });
+                    Message::new(
+                        i as i64,
+                        Some(account.to_string().into_bytes()),
+                        payload.to_string(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn decoded(b: &Batch) -> Vec<Decoded> {
+        b.messages
+            .iter()
+            .map(|m| Decoded::Event(decode(m).expect("valid")))
+            .collect()
+    }
+
+    fn f(account: i64, seq: i64) -> Spec {
+        Spec(format!("fill_executed-{account}-{seq}"), account, seq)
+    }
+
+    fn all(_: &Event) -> bool {
+        true
+    }
+
+    #[test]
+    fn a_repeated_id_is_applied_once_whatever_its_seq_or_account() {
+        let b = batch(&[f(1, 1), f(2, 1).with_id("fill_executed-1-1"), f(1, 2)]);
+        let mut w = Work::new(&b, decoded(&b));
+        w.sequence(HashMap::new(), true);
+        w.mark_repeated_ids(&all);
+        assert_eq!(w.repeated, [Item::Batch(1)].into());
+        assert_eq!(w.counts.dup_inbox, 1);
+        assert_eq!(w.dispositions[1], Disposition::Duplicate);
+    }
+
+    #[test]
+    fn a_second_event_for_a_taken_seq_is_a_conflict_naming_both() {
+        let b = batch(&[f(1, 1), f(1, 1).with_id("other"), f(1, 1)]);
+        let mut w = Work::new(&b, decoded(&b));
+        w.sequence(HashMap::new(), true);
+        w.classify_taken(&HashSet::new(), &HashSet::new());
+        assert_eq!(w.counts.dup_seq, 1, "the exact repeat is a duplicate");
+        assert_eq!(w.conflicts.len(), 1);
+        assert_eq!(w.conflicts[0].index, 1);
+        assert!(
+            w.conflicts[0].error.contains("\"fill_executed-1-1\"")
+                && w.conflicts[0].error.contains("\"other\""),
+            "{}",
+            w.conflicts[0].error
+        );
+        assert_eq!(w.dispositions[1], Disposition::DeadLettered);
+    }
+
+    #[test]
+    fn an_older_seq_is_judged_by_the_last_event_or_the_inbox() {
+        let b = batch(&[f(1, 3), f(1, 2), f(1, 2).with_id("stranger"), f(1, 1)]);
+        let mut w = Work::new(&b, decoded(&b));
+        let state = AccountState {
+            last_seq: 3,
+            last_event_id: Some("fill_executed-1-3".to_owned()),
+            ..AccountState::default()
+        };
+        w.sequence([(1, state)].into(), true);
+        let ids: Vec<String> = w
+            .ids_to_check(true, &all)
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(ids, ["fill_executed-1-2", "stranger", "fill_executed-1-1"]);
+        let checked: HashSet<String> = ids.into_iter().collect();
+        let known: HashSet<String> = ["fill_executed-1-2".to_owned()].into();
+        w.classify_taken(&checked, &known);
+        // 3 repeats the last event, 2 is in the inbox, 1 is not: a conflict.
+        assert_eq!(w.counts.dup_seq, 2);
+        let indexes: Vec<usize> = w.conflicts.iter().map(|c| c.index).collect();
+        assert_eq!(indexes, [2, 3]);
+    }
+
+    #[test]
+    fn settling_a_failure_parks_the_account_at_the_failed_seq() {
+        let b = batch(&[f(1, 1), f(1, 2), f(1, 3), f(2, 1)]);
+        let mut w = Work::new(&b, decoded(&b));
+        w.sequence(HashMap::new(), true);
+        w.accounts[0].failures.push((1, "boom".to_owned()));
+        w.settle(true, &all);
+        let acc = &w.accounts[0];
+        assert_eq!(acc.plan.last_seq, 1);
+        assert_eq!(acc.blocked_seq(), Some(2));
+        assert_eq!(acc.plan.waiting.keys().copied().collect::<Vec<_>>(), [3]);
+        assert_eq!(
+            w.dispositions,
+            [
+                Disposition::Applied,
+                Disposition::DeadLettered,
+                Disposition::Waiting,
+                Disposition::Applied
+            ]
+        );
+        assert_eq!((w.counts.failed, w.counts.waiting), (1, 1));
+    }
+
+    #[test]
+    fn settling_an_order_independent_failure_cuts_nothing() {
+        let b = batch(&[f(1, 1), f(1, 2), f(1, 3)]);
+        let mut w = Work::new(&b, decoded(&b));
+        w.sequence(HashMap::new(), false);
+        w.accounts[0].failures.push((0, "boom".to_owned()));
+        w.settle(false, &|e: &Event| e.seq != 3);
+        assert_eq!(
+            w.dispositions,
+            [
+                Disposition::DeadLettered,
+                Disposition::Applied,
+                Disposition::Ignored
+            ]
+        );
+        assert_eq!(w.accounts[0].blocked_seq(), None);
+        assert_eq!((w.counts.failed, w.counts.ignored), (1, 1));
+    }
+}

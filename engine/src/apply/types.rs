@@ -1,0 +1,187 @@
+//! What goes into the apply path and what comes out: batches, dispositions, counts, errors.
+
+use crate::event::Message;
+
+/// Messages of one partition, in offset order, to be applied as one transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// Where the consumer started reading this batch: the stored `next_offset` it resumed
+    /// from. The first message may sit later (compaction, transaction markers), never earlier.
+    pub start_offset: i64,
+    /// The messages, offsets strictly increasing.
+    pub messages: Vec<Message>,
+}
+
+/// What became of one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Disposition {
+    /// Its effect is in the view: applied now, or found in the inbox or under the version
+    /// filter as applied before.
+    Applied,
+    /// A type this view does not subscribe to; it still advanced the account's `seq`.
+    Ignored,
+    /// The same event was already applied (or is already waiting).
+    Duplicate,
+    /// Its `seq` is at or below the rebuild watermark: the snapshot holds its effect.
+    BelowWatermark,
+    /// Stored in `projector.waiting_events`, waiting for an earlier `seq`.
+    Waiting,
+    /// Stored in `projector.dead_letters`: poison, its statement failed, or it claims a `seq`
+    /// another event holds (a conflict).
+    DeadLettered,
+}
+
+/// Counters of one batch. Every message of the batch is counted exactly once in `applied`,
+/// `ignored`, one of the duplicate kinds, one of the dead-letter kinds or `waiting`; events
+/// that waited in earlier batches are counted again when they leave (`drained`), in whatever
+/// became of them. So `applied + ignored + duplicates() + dead_lettered() + waiting -
+/// drained` is the number of messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Events whose effect this batch wrote.
+    pub applied: u64,
+    /// Events of types the view does not subscribe to.
+    pub ignored: u64,
+    /// Duplicates dropped because their event already holds their `seq` (applied or waiting).
+    pub dup_seq: u64,
+    /// Events skipped because a rebuild snapshot already reflects them.
+    pub dup_watermark: u64,
+    /// Duplicates dropped by the inbox (inside the statement, or an event id repeated
+    /// within the batch).
+    pub dup_inbox: u64,
+    /// Duplicates dropped by the view's version filter inside the statement.
+    pub dup_version_filter: u64,
+    /// Messages dead-lettered as poison.
+    pub poison: u64,
+    /// Events dead-lettered because the view's statement failed on them.
+    pub failed: u64,
+    /// Events dead-lettered because another event holds their `(account, seq)`.
+    pub conflicts: u64,
+    /// Events of this batch that now wait in `projector.waiting_events`.
+    pub waiting: u64,
+    /// Events that waited from earlier batches and left the waiting table in this one.
+    pub drained: u64,
+}
+
+impl std::ops::AddAssign<&Counts> for Counts {
+    fn add_assign(&mut self, c: &Counts) {
+        self.applied += c.applied;
+        self.ignored += c.ignored;
+        self.dup_seq += c.dup_seq;
+        self.dup_watermark += c.dup_watermark;
+        self.dup_inbox += c.dup_inbox;
+        self.dup_version_filter += c.dup_version_filter;
+        self.poison += c.poison;
+        self.failed += c.failed;
+        self.conflicts += c.conflicts;
+        self.waiting += c.waiting;
+        self.drained += c.drained;
+    }
+}
+
+impl Counts {
+    /// All duplicates, whatever caught them.
+    pub fn duplicates(&self) -> u64 {
+        self.dup_seq + self.dup_watermark + self.dup_inbox + self.dup_version_filter
+    }
+
+    /// All dead letters, whatever their kind.
+    pub fn dead_lettered(&self) -> u64 {
+        self.poison + self.failed + self.conflicts
+    }
+}
+
+/// The result of a committed batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// The offset the next batch of this partition starts at.
+    pub next_offset: i64,
+    /// What the batch did.
+    pub counts: Counts,
+    /// What became of each message, by offset, in batch order.
+    pub dispositions: Vec<(i64, Disposition)>,
+}
+
+/// Why a batch was not applied. Nothing of it was written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApplyError {
+    /// Another writer committed this partition to another offset than our start: we lost
+    /// the partition, or must resume at `stored`.
+    #[error("{consumer} {topic}/{partition}: fenced: the batch starts at offset {start} but the committed next offset is {stored}")]
+    Fenced {
+        /// View version.
+        consumer: String,
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// Where the batch started.
+        start: i64,
+        /// Where PostgreSQL says the partition is.
+        stored: i64,
+    },
+    /// The batch's offsets are not strictly increasing from its start offset.
+    #[error("{consumer} {topic}/{partition}: batch offsets must increase strictly from the start offset {start}; found {offset}")]
+    BadBatch {
+        /// View version.
+        consumer: String,
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// The batch's start offset.
+        start: i64,
+        /// The first offset out of place.
+        offset: i64,
+    },
+    /// PostgreSQL failed in a way no single event explains (connection lost, deadlock, a
+    /// broken view statement). The batch can be retried.
+    #[error("{consumer}: while {doing}: {}", crate::apply::rounds::describe_db_error(.source))]
+    Database {
+        /// View version.
+        consumer: String,
+        /// What the engine was doing.
+        doing: &'static str,
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+impl ApplyError {
+    /// True for errors where the same batch may succeed later (database trouble); false for
+    /// fencing and malformed batches, where the caller must seek or stop.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ApplyError::Database { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_add_up_by_kind() {
+        let mut total = Counts::default();
+        let batch = Counts {
+            applied: 5,
+            dup_seq: 1,
+            dup_inbox: 2,
+            poison: 1,
+            conflicts: 2,
+            failed: 1,
+            ..Counts::default()
+        };
+        total += &batch;
+        total += &batch;
+        assert_eq!(total.applied, 10);
+        assert_eq!(total.duplicates(), 6);
+        assert_eq!(total.dead_lettered(), 8);
+    }
+}
