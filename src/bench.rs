@@ -34,8 +34,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use deadpool_postgres::Pool;
-use projector_engine::kafka::devbroker::{read_topic, DevBroker};
-use projector_engine::kafka::partitioner::partition_for_account;
+use projector_devkit::devbroker::{read_topic, DevBroker};
+use projector_devkit::partitioner::partition_for_account;
 use projector_engine::kafka::source::KafkaConfig;
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
 use projector_views::{Eod, Portfolio, Risk};

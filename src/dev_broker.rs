@@ -6,7 +6,7 @@
 use std::io::Write as _;
 
 use anyhow::Context as _;
-use projector_engine::kafka::devbroker::DevBroker;
+use projector_devkit::devbroker::DevBroker;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
 use anyhow::Context as _;
-use projector_engine::kafka::publish::{publish_lines, PublishConfig};
+use projector_devkit::publish::{publish_lines, PublishConfig};
 use tokio::io::{AsyncBufRead, AsyncRead, ReadBuf};
 use tokio::sync::mpsc;
 

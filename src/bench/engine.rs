@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use deadpool_postgres::Pool;
-use projector_engine::kafka::publish::{publish_lines, PublishConfig, PublishReport};
+use projector_devkit::publish::{publish_lines, PublishConfig, PublishReport};
 use projector_engine::kafka::source::{run_views, KafkaConfig, Observer};
 use projector_engine::Applier;
 use tokio::io::{AsyncBufRead, AsyncRead, ReadBuf};

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use deadpool_postgres::Pool;
-use projector_engine::kafka::devbroker::ConsumedMessage;
+use projector_devkit::devbroker::ConsumedMessage;
 use projector_engine::projection::render;
 use projector_engine::{decode, queries, Message, Projection};
 use projector_views::Portfolio;
