@@ -35,6 +35,8 @@ pub struct Args {
     keep_db: bool,
 }
 
+/// Runs the benchmark on the server of `database_url` and prints its figures: the table, or
+/// with `--json` the JSON on standard output and the table on standard error.
 pub async fn run(args: Args, database_url: &str) -> anyhow::Result<()> {
     let mut options = Options::new();
     options.events = args.events;

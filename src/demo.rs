@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use projector_engine::{account_key, Applier, Batch, Counts, Message, SourceOrdering};
+use projector_engine::{account_key, Applier, Batch, Counts, Message, Registry, SourceOrdering};
 
 /// The sample: three accounts, two trading days, a bust, cash in and out, one redelivered
 /// duplicate and one poison message.
@@ -24,20 +24,21 @@ pub struct Args {
     events: Option<PathBuf>,
 }
 
-pub async fn run(database_url: &str, args: Args) -> anyhow::Result<()> {
+/// Creates the database of `database_url` when it does not exist, migrates it, and applies
+/// the sample (or `--events`) to every view of `registry`.
+pub async fn run(database_url: &str, registry: &Registry, args: Args) -> anyhow::Result<()> {
     let text = match &args.events {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?,
         None => SAMPLE.to_owned(),
     };
     create_database(database_url).await?;
-    let registry = crate::registry()?;
     let pool = projector_engine::db::pool(database_url, 2)?;
     let mut client = pool
         .get()
         .await
         .context("cannot connect to the demo database")?;
-    projector_engine::migrate(&mut client, &registry).await?;
+    projector_engine::migrate(&mut client, registry).await?;
 
     let log: Vec<Message> = text
         .lines()

@@ -28,6 +28,7 @@ pub struct Args {
     file: Option<PathBuf>,
 }
 
+/// Publishes the file (or standard input) and says how many events went to each partition.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let (source, name): (Box<dyn Read + Send>, String) = match &args.file {
         Some(path) if path.as_os_str() != "-" => {
