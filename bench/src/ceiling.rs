@@ -15,12 +15,12 @@ use std::pin::{pin, Pin};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use crate::error::{stop, BenchError, Doing as _};
 use deadpool_postgres::Pool;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::events::{position_text, symbol, BenchEvent, Position};
+use crate::error::{stop, BenchError, Doing as _};
 
 /// Events per transaction: the fastest size measured on the bench's machine between 500 and
 /// 50,000 (about 100,000 events/s against about 60,000 at 10,000 and 50,000); larger

@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::error::{mismatch, BenchError, Doing as _};
 use deadpool_postgres::Client;
 
 use super::events::Expected;
+use crate::error::{mismatch, BenchError, Doing as _};
 
 /// Compares a table with the expected rows, value by value (numerically for `numeric`, so
 /// `1.50` equals `1.5`), and fails with up to five differing rows.

@@ -2,19 +2,21 @@
 //! `run_views`, exactly as `projector run` does, watched through the source's [`Observer`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
-use crate::error::{mismatch, stop, BenchError, Doing as _};
+use bytes::Bytes;
 use deadpool_postgres::Pool;
 use projector_devkit::publish::{publish_lines, PublishConfig, PublishReport};
 use projector_engine::kafka::source::{run_views, KafkaConfig, Observer};
 use projector_engine::Applier;
-use tokio::io::{AsyncBufRead, AsyncRead, ReadBuf};
 use tokio::sync::{mpsc, oneshot, Notify};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::StreamExt as _;
+use tokio_util::io::StreamReader;
 use tokio_util::sync::CancellationToken;
+
+use crate::error::{mismatch, stop, BenchError, Doing as _};
 
 /// How long a phase may take before the bench gives up on it.
 const PHASE_TIMEOUT: Duration = Duration::from_secs(600);
@@ -316,12 +318,9 @@ async fn feed(
     watch: Arc<Watch>,
     released: oneshot::Sender<Instant>,
 ) -> Produced {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let reader = Paced {
-        lines: rx,
-        line: Vec::new(),
-        pos: 0,
-    };
+    // The producer reads the lines as the sender below releases them.
+    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    let reader = StreamReader::new(UnboundedReceiverStream::new(rx).map(Ok::<_, std::io::Error>));
     let count = lines.len();
     let sender = tokio::spawn(async move {
         let mut sent_at = Vec::with_capacity(count);
@@ -331,7 +330,7 @@ async fn feed(
             bytes.push(b'\n');
             sent_at.push(Instant::now());
             // Fails only when publishing stopped; its error is reported from there.
-            tx.send(bytes).is_ok()
+            tx.send(Bytes::from(bytes)).is_ok()
         };
         let Some(first) = lines.next() else {
             return Ok(sent_at);
@@ -426,57 +425,6 @@ async fn progress(label: String, watch: Arc<Watch>, total: i64) {
             "  {label}: {done} of {total} events committed after {} s",
             started.elapsed().as_secs()
         );
-    }
-}
-
-/// Lines arriving on a channel, as the producer's input.
-struct Paced {
-    lines: mpsc::UnboundedReceiver<Vec<u8>>,
-    line: Vec<u8>,
-    pos: usize,
-}
-
-impl AsyncRead for Paced {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        out: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let available = match self.as_mut().poll_fill_buf(cx) {
-            Poll::Ready(Ok(available)) => available,
-            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-            Poll::Pending => return Poll::Pending,
-        };
-        let n = available.len().min(out.remaining());
-        out.put_slice(&available[..n]);
-        self.consume(n);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncBufRead for Paced {
-    fn poll_fill_buf(
-        self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<std::io::Result<&[u8]>> {
-        let this = self.get_mut();
-        while this.pos >= this.line.len() {
-            match this.lines.poll_recv(cx) {
-                Poll::Ready(Some(line)) => {
-                    this.line = line;
-                    this.pos = 0;
-                }
-                // The sender is done: end of input.
-                Poll::Ready(None) => break,
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        Poll::Ready(Ok(this.line.get(this.pos..).unwrap_or_default()))
-    }
-
-    fn consume(self: Pin<&mut Self>, amt: usize) {
-        let this = self.get_mut();
-        this.pos = (this.pos + amt).min(this.line.len());
     }
 }
 

@@ -53,6 +53,8 @@ use projector_devkit::partitioner::partition_for_account;
 use projector_engine::kafka::source::KafkaConfig;
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
 use projector_views::{Eod, Portfolio, Risk};
+use serde::Serialize;
+use serde_json::value::RawValue;
 
 pub use error::BenchError;
 
@@ -877,50 +879,81 @@ fn table(f: &Figures) -> String {
     t
 }
 
+/// `projector bench --json`. Key names and order are those of the first version; decimals
+/// (ratios, milliseconds) are written as JSON numbers from their exact text, never through
+/// floating point.
+#[derive(Serialize)]
+struct Json<'a> {
+    naive_eps: u64,
+    engine_eps: u64,
+    engine_all_views_eps: u64,
+    ceiling_eps: u64,
+    catch_up_eps: u64,
+    p50_ms: Box<RawValue>,
+    p99_ms: Box<RawValue>,
+    engine_over_naive: Box<RawValue>,
+    engine_over_ceiling: Box<RawValue>,
+    catch_up_over_engine: Box<RawValue>,
+    max_latency_ms: Box<RawValue>,
+    events: u64,
+    accounts: i64,
+    partitions: i32,
+    naive_events: u64,
+    latency_events: u64,
+    latency_rate: u64,
+    build: &'static str,
+    postgres: &'a str,
+    rounds: Rounds<'a>,
+}
+
+/// Every round's figure of the repeated phases.
+#[derive(Serialize)]
+struct Rounds<'a> {
+    engine_eps: &'a [u64],
+    ceiling_eps: &'a [u64],
+    catch_up_eps: &'a [u64],
+}
+
+/// A decimal's text as a JSON number. The texts come from `ratio`, `ratio2` and `millis`,
+/// digits with one point, always a valid number.
+fn number(text: String) -> Box<RawValue> {
+    RawValue::from_string(text).expect("a decimal's text is a JSON number")
+}
+
 fn json(f: &Figures) -> String {
-    let samples = |i: usize| {
-        f.samples
-            .get(i)
-            .map(|v| v.iter().map(u64::to_string).collect::<Vec<_>>().join(","))
-            .unwrap_or_default()
-    };
-    format!(
-        concat!(
-            "{{\"naive_eps\":{},\"engine_eps\":{},\"engine_all_views_eps\":{},\"ceiling_eps\":{},",
-            "\"catch_up_eps\":{},\"p50_ms\":{},\"p99_ms\":{},\"engine_over_naive\":{},",
-            "\"engine_over_ceiling\":{},\"catch_up_over_engine\":{},\"max_latency_ms\":{},",
-            "\"events\":{},\"accounts\":{},\"partitions\":{},\"naive_events\":{},",
-            "\"latency_events\":{},\"latency_rate\":{},",
-            "\"build\":\"{}\",\"postgres\":\"{}\",\"rounds\":{{\"engine_eps\":[{}],",
-            "\"ceiling_eps\":[{}],\"catch_up_eps\":[{}]}}}}"
-        ),
-        f.naive_eps,
-        f.engine_eps,
-        f.engine_all_views_eps,
-        f.ceiling_eps,
-        f.catch_up_eps,
-        millis(f.p50),
-        millis(f.p99),
-        ratio(f.engine_eps, f.naive_eps),
-        ratio2(f.engine_eps, f.ceiling_eps),
-        ratio2(f.catch_up_eps, f.engine_eps),
-        millis(f.max),
-        f.events,
-        f.accounts,
-        f.partitions,
-        f.naive_events,
-        f.latency_events,
-        f.latency_rate,
-        if cfg!(debug_assertions) {
+    let samples = |i: usize| f.samples.get(i).map_or(&[][..], Vec::as_slice);
+    let json = Json {
+        naive_eps: f.naive_eps,
+        engine_eps: f.engine_eps,
+        engine_all_views_eps: f.engine_all_views_eps,
+        ceiling_eps: f.ceiling_eps,
+        catch_up_eps: f.catch_up_eps,
+        p50_ms: number(millis(f.p50)),
+        p99_ms: number(millis(f.p99)),
+        engine_over_naive: number(ratio(f.engine_eps, f.naive_eps)),
+        engine_over_ceiling: number(ratio2(f.engine_eps, f.ceiling_eps)),
+        catch_up_over_engine: number(ratio2(f.catch_up_eps, f.engine_eps)),
+        max_latency_ms: number(millis(f.max)),
+        events: f.events,
+        accounts: f.accounts,
+        partitions: f.partitions,
+        naive_events: f.naive_events,
+        latency_events: f.latency_events,
+        latency_rate: f.latency_rate,
+        build: if cfg!(debug_assertions) {
             "debug"
         } else {
             "release"
         },
-        f.server.replace(['"', '\\'], ""),
-        samples(0),
-        samples(1),
-        samples(2),
-    )
+        postgres: &f.server,
+        rounds: Rounds {
+            engine_eps: samples(0),
+            ceiling_eps: samples(1),
+            catch_up_eps: samples(2),
+        },
+    };
+    // Integers, strings and valid raw numbers only: serialization cannot fail.
+    serde_json::to_string(&json).expect("the figures serialize")
 }
 
 #[cfg(test)]
@@ -941,6 +974,36 @@ mod tests {
         assert_eq!(percentile(&d, 50), Duration::from_millis(50));
         assert_eq!(percentile(&d, 99), Duration::from_millis(99));
         assert_eq!(eps(1000, Duration::from_millis(500)), 2000);
+    }
+
+    #[test]
+    fn the_json_keys_and_numbers() {
+        let f = Figures {
+            events: 2000,
+            accounts: 50,
+            partitions: 4,
+            naive_eps: 10,
+            engine_eps: 25,
+            ceiling_eps: 50,
+            catch_up_eps: 30,
+            p50: Duration::from_micros(12_345),
+            server: "16.4 \"x\"".to_owned(),
+            samples: vec![vec![25, 20], vec![50], vec![30]],
+            ..Figures::default()
+        };
+        let text = json(&f);
+        assert!(
+            text.starts_with(
+                r#"{"naive_eps":10,"engine_eps":25,"engine_all_views_eps":0,"ceiling_eps":50,"catch_up_eps":30,"p50_ms":12.4,"p99_ms":0.0,"engine_over_naive":2.5,"engine_over_ceiling":0.50,"catch_up_over_engine":1.20,"max_latency_ms":0.0,"events":2000,"accounts":50,"partitions":4,"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                r#""postgres":"16.4 \"x\"","rounds":{"engine_eps":[25,20],"ceiling_eps":[50],"catch_up_eps":[30]}}"#
+            ),
+            "{text}"
+        );
     }
 
     #[test]

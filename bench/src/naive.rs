@@ -9,12 +9,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::error::{stop, BenchError, Doing as _};
 use deadpool_postgres::Pool;
 use projector_devkit::devbroker::ConsumedMessage;
 use projector_engine::projection::render;
 use projector_engine::{decode, queries, Message, Projection};
 use projector_views::Portfolio;
+
+use crate::error::{stop, BenchError, Doing as _};
 
 /// What the naive consumer did within its time budget.
 pub struct Naive {
