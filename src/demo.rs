@@ -97,19 +97,14 @@ pub async fn run(database_url: &str, registry: &Registry, args: Args) -> anyhow:
     Ok(())
 }
 
-/// Creates the URL's database when it does not exist, through the server's `postgres` database.
+/// Creates the URL's database when it does not exist, through the server's `postgres`
+/// database, connecting as the URL says (credentials, `sslmode` and all).
 async fn create_database(database_url: &str) -> anyhow::Result<()> {
     let config =
         tokio_postgres::Config::from_str(database_url).context("the database URL is not valid")?;
     let name = config.get_dbname().unwrap_or("postgres").to_owned();
-    let mut admin = config.clone();
-    admin.dbname("postgres");
-    let pool = deadpool_postgres::Pool::builder(deadpool_postgres::Manager::new(
-        admin,
-        tokio_postgres::NoTls,
-    ))
-    .max_size(1)
-    .build()?;
+    let admin = projector_engine::db::url_for_database(database_url, "postgres")?;
+    let pool = projector_engine::db::pool(&admin, 1)?;
     let client = pool
         .get()
         .await

@@ -50,6 +50,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use projector_devkit::devbroker::{read_topic, DevBroker};
 use projector_devkit::partitioner::partition_for_account;
+use projector_engine::db::url_for_database;
 use projector_engine::kafka::source::KafkaConfig;
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
 use projector_views::{Eod, Portfolio, Risk};
@@ -200,24 +201,6 @@ fn grouped(n: u64) -> String {
     out
 }
 
-/// The same server, another database: replaces the database of a URL (or appends `dbname`
-/// to a key-value connection string).
-fn with_database(url: &str, name: &str) -> String {
-    if let Some(scheme) = url.find("://") {
-        let rest_start = scheme + 3;
-        let (base, query) = match url.find('?') {
-            Some(q) => (&url[..q], &url[q..]),
-            None => (url, ""),
-        };
-        // The path starts at the first '/' after the authority (user@host:port).
-        return match base[rest_start..].find('/') {
-            Some(slash) => format!("{}/{name}{query}", &base[..rest_start + slash]),
-            None => format!("{base}/{name}{query}"),
-        };
-    }
-    format!("{url} dbname={name}")
-}
-
 /// A database of its own on the server, dropped at the end unless `--keep-db`.
 struct Scratch {
     admin: Pool,
@@ -231,7 +214,7 @@ impl Scratch {
         // maintenance database `postgres` always does.
         let mut admin = projector_engine::db::pool(url, 1)?;
         if admin.get().await.is_err() {
-            admin = projector_engine::db::pool(&with_database(url, "postgres"), 1)?;
+            admin = projector_engine::db::pool(&url_for_database(url, "postgres")?, 1)?;
         }
         let client = admin
             .get()
@@ -250,7 +233,7 @@ impl Scratch {
                 .doing_with(|| format!("cannot create the scratch database {name}"))?;
         }
         drop(client);
-        let pool = projector_engine::db::pool(&with_database(url, &name), 16)?;
+        let pool = projector_engine::db::pool(&url_for_database(url, &name)?, 16)?;
         Ok(Self { admin, name, pool })
     }
 
@@ -1003,19 +986,6 @@ mod tests {
                 r#""postgres":"16.4 \"x\"","rounds":{"engine_eps":[25,20],"ceiling_eps":[50],"catch_up_eps":[30]}}"#
             ),
             "{text}"
-        );
-    }
-
-    #[test]
-    fn scratch_urls() {
-        assert_eq!(
-            with_database("postgres://u@h:5432/projector?sslmode=disable", "x"),
-            "postgres://u@h:5432/x?sslmode=disable"
-        );
-        assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
-        assert_eq!(
-            with_database("host=h user=u", "x"),
-            "host=h user=u dbname=x"
         );
     }
 }
