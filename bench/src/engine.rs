@@ -270,8 +270,8 @@ pub async fn run(
 }
 
 /// The producer of `projector publish`, with lz4 compression: the mock cluster keeps at
-/// most 5 MiB of message sets per partition and drops the oldest beyond that (librdkafka's
-/// `rdkafka_mock.c`, not configurable), and compressed sets let a partition hold about four
+/// most 5 MiB of message sets per partition and drops the oldest beyond that (a limit
+/// librdkafka hard-codes in the mock cluster, not configurable), and compressed sets let a partition hold about four
 /// times as many events. Consumers decompress, as they would against a real cluster.
 fn producer(brokers: &str, topic: &str) -> PublishConfig {
     let mut config = PublishConfig::new(brokers, topic);

@@ -1,5 +1,5 @@
-//! The baseline most teams write first: one transaction per event, holding the seeds' single
-//! CTE statement (inbox insert `ON CONFLICT DO NOTHING RETURNING`, then the guarded upsert)
+//! The baseline most teams write first: one transaction per event, holding the textbook
+//! single CTE statement (inbox insert `ON CONFLICT DO NOTHING RETURNING`, then the guarded upsert)
 //! and the offset update, one round trip after another.
 //!
 //! It applies the portfolio view's own SQL, so its rows must equal the engine's; only the
@@ -26,7 +26,7 @@ pub struct Naive {
     pub ends: BTreeMap<i32, i64>,
 }
 
-/// The seeds' statement for one event: `$1` the consumer, `$2..$7` the event.
+/// The textbook statement for one event: `$1` the consumer, `$2..$7` the event.
 fn statement(view: &dyn Projection) -> String {
     let sql = view.apply_sql();
     render(
