@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use projector_engine::{account_key, Applier, Batch, Counts, Message, SourceOrdering};
+use projector_engine::{account_key, Applier, Batch, Counts, Message, Registry, SourceOrdering};
 
 /// The sample: three accounts, two trading days, a bust, cash in and out, one redelivered
 /// duplicate and one poison message.
@@ -24,20 +24,21 @@ pub struct Args {
     events: Option<PathBuf>,
 }
 
-pub async fn run(database_url: &str, args: Args) -> anyhow::Result<()> {
+/// Creates the database of `database_url` when it does not exist, migrates it, and applies
+/// the sample (or `--events`) to every view of `registry`.
+pub async fn run(database_url: &str, registry: &Registry, args: Args) -> anyhow::Result<()> {
     let text = match &args.events {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?,
         None => SAMPLE.to_owned(),
     };
     create_database(database_url).await?;
-    let registry = crate::registry()?;
     let pool = projector_engine::db::pool(database_url, 2)?;
     let mut client = pool
         .get()
         .await
         .context("cannot connect to the demo database")?;
-    projector_engine::migrate(&mut client, &registry).await?;
+    projector_engine::migrate(&mut client, registry).await?;
 
     let log: Vec<Message> = text
         .lines()
@@ -96,19 +97,14 @@ pub async fn run(database_url: &str, args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Creates the URL's database when it does not exist, through the server's `postgres` database.
+/// Creates the URL's database when it does not exist, through the server's `postgres`
+/// database, connecting as the URL says (credentials, `sslmode` and all).
 async fn create_database(database_url: &str) -> anyhow::Result<()> {
     let config =
         tokio_postgres::Config::from_str(database_url).context("the database URL is not valid")?;
     let name = config.get_dbname().unwrap_or("postgres").to_owned();
-    let mut admin = config.clone();
-    admin.dbname("postgres");
-    let pool = deadpool_postgres::Pool::builder(deadpool_postgres::Manager::new(
-        admin,
-        tokio_postgres::NoTls,
-    ))
-    .max_size(1)
-    .build()?;
+    let admin = projector_engine::db::url_for_database(database_url, "postgres")?;
+    let pool = projector_engine::db::pool(&admin, 1)?;
     let client = pool
         .get()
         .await

@@ -6,7 +6,7 @@
 use std::io::Write as _;
 
 use anyhow::Context as _;
-use projector_engine::kafka::devbroker::DevBroker;
+use projector_devkit::devbroker::DevBroker;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -21,6 +21,8 @@ pub struct Args {
     brokers_count: i32,
 }
 
+/// Serves the mock cluster until SIGINT or SIGTERM; its address is the first line of
+/// standard output.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let broker = DevBroker::start(args.brokers_count, &[(&args.topic, args.partitions)])
         .context("cannot start the dev broker")?;

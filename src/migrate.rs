@@ -1,15 +1,17 @@
 //! `projector migrate`.
 
 use anyhow::Context;
+use projector_engine::Registry;
 
-pub async fn run(database_url: &str) -> anyhow::Result<()> {
-    let registry = crate::registry()?;
+/// Applies the engine's schema and the tables of every view of `registry` to the database
+/// of `database_url`, and says what it did on standard output.
+pub async fn run(database_url: &str, registry: &Registry) -> anyhow::Result<()> {
     let pool = projector_engine::db::pool(database_url, 1)?;
     let mut client = pool
         .get()
         .await
         .context("cannot connect to PostgreSQL (check --database-url / DATABASE_URL)")?;
-    let report = projector_engine::migrate(&mut client, &registry).await?;
+    let report = projector_engine::migrate(&mut client, registry).await?;
     if report.applied.is_empty() && report.registered.is_empty() && report.read_names.is_empty() {
         println!("schema up to date; nothing to do");
     }

@@ -3,13 +3,14 @@
 
 use std::io::Read;
 use std::path::PathBuf;
-use std::pin::Pin;
-use std::task::{Context as TaskContext, Poll};
 
 use anyhow::Context as _;
-use projector_engine::kafka::publish::{publish_lines, PublishConfig};
-use tokio::io::{AsyncBufRead, AsyncRead, ReadBuf};
+use bytes::Bytes;
+use projector_devkit::publish::{publish_lines, PublishConfig};
+use tokio::io::AsyncBufRead;
 use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::io::StreamReader;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -28,6 +29,7 @@ pub struct Args {
     file: Option<PathBuf>,
 }
 
+/// Publishes the file (or standard input) and says how many events went to each partition.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let (source, name): (Box<dyn Read + Send>, String) = match &args.file {
         Some(path) if path.as_os_str() != "-" => {
@@ -42,7 +44,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         topic: args.topic,
         properties: args.properties,
     };
-    let report = publish_lines(ChannelReader::spawn(source)?, &config)
+    let report = publish_lines(input_reader(source)?, &config)
         .await
         .with_context(|| format!("publishing {name} to {}", config.topic))?;
     let partitions: Vec<String> = report
@@ -66,88 +68,30 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
 /// Streams a blocking reader into async code. A plain thread reads, so a terminal or pipe
 /// that never ends cannot hold up the runtime's shutdown (a `spawn_blocking` task would).
-struct ChannelReader {
-    chunks: mpsc::Receiver<std::io::Result<Vec<u8>>>,
-    chunk: Vec<u8>,
-    pos: usize,
-}
-
-impl ChannelReader {
+fn input_reader(mut source: Box<dyn Read + Send>) -> anyhow::Result<impl AsyncBufRead + Unpin> {
     const CHUNK: usize = 64 * 1024;
-
-    fn spawn(mut source: Box<dyn Read + Send>) -> anyhow::Result<Self> {
-        let (tx, rx) = mpsc::channel(4);
-        std::thread::Builder::new()
-            .name("publish-input".to_owned())
-            .spawn(move || loop {
-                let mut buf = vec![0; Self::CHUNK];
-                let chunk = match source.read(&mut buf) {
-                    Ok(0) => return,
-                    Ok(n) => {
-                        buf.truncate(n);
-                        Ok(buf)
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => Err(e),
-                };
-                let failed = chunk.is_err();
-                // An error here means publishing stopped (a bad line) and nobody reads on.
-                if tx.blocking_send(chunk).is_err() || failed {
-                    return;
+    let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(4);
+    std::thread::Builder::new()
+        .name("publish-input".to_owned())
+        .spawn(move || loop {
+            let mut buf = vec![0; CHUNK];
+            let chunk = match source.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    buf.truncate(n);
+                    Ok(Bytes::from(buf))
                 }
-            })
-            .context("cannot start the input thread")?;
-        Ok(Self {
-            chunks: rx,
-            chunk: Vec::new(),
-            pos: 0,
-        })
-    }
-}
-
-impl AsyncRead for ChannelReader {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        out: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let available = match self.as_mut().poll_fill_buf(cx) {
-            Poll::Ready(Ok(available)) => available,
-            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-            Poll::Pending => return Poll::Pending,
-        };
-        let n = available.len().min(out.remaining());
-        out.put_slice(&available[..n]);
-        self.consume(n);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncBufRead for ChannelReader {
-    fn poll_fill_buf(
-        self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<std::io::Result<&[u8]>> {
-        let this = self.get_mut();
-        while this.pos >= this.chunk.len() {
-            match this.chunks.poll_recv(cx) {
-                Poll::Ready(Some(Ok(chunk))) => {
-                    this.chunk = chunk;
-                    this.pos = 0;
-                }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
-                // End of input: an empty slice.
-                Poll::Ready(None) => break,
-                Poll::Pending => return Poll::Pending,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(e),
+            };
+            let failed = chunk.is_err();
+            // An error here means publishing stopped (a bad line) and nobody reads on.
+            if tx.blocking_send(chunk).is_err() || failed {
+                return;
             }
-        }
-        Poll::Ready(Ok(this.chunk.get(this.pos..).unwrap_or_default()))
-    }
-
-    fn consume(self: Pin<&mut Self>, amt: usize) {
-        let this = self.get_mut();
-        this.pos = (this.pos + amt).min(this.chunk.len());
-    }
+        })
+        .context("cannot start the input thread")?;
+    Ok(StreamReader::new(ReceiverStream::new(rx)))
 }
 
 #[cfg(test)]
@@ -155,12 +99,11 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn the_channel_reader_streams_lines() {
+    async fn the_input_reader_streams_lines() {
         use tokio::io::AsyncBufReadExt as _;
         let text = "a\n\nbc\n".repeat(30_000);
         let mut reader =
-            ChannelReader::spawn(Box::new(std::io::Cursor::new(text.clone().into_bytes())))
-                .expect("spawn");
+            input_reader(Box::new(std::io::Cursor::new(text.clone().into_bytes()))).expect("spawn");
         let mut got = String::new();
         let mut line = String::new();
         while reader.read_line(&mut line).await.expect("read") > 0 {

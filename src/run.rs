@@ -4,18 +4,23 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use projector_engine::kafka::source::{run_views, NoObserver};
-use projector_engine::{Applier, SourceOrdering};
+use projector_engine::{Applier, Registry, SourceOrdering};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{resolve, RunArgs};
 
-pub async fn run(args: RunArgs, database_url: Option<String>) -> anyhow::Result<()> {
+/// Consumes the topic into the views of `registry` that the configuration selects, until
+/// SIGINT or SIGTERM.
+pub async fn run(
+    args: RunArgs,
+    database_url: Option<String>,
+    registry: &Registry,
+) -> anyhow::Result<()> {
     // Signals are caught from the start: a SIGTERM during start-up still stops cleanly.
     let shutdown = CancellationToken::new();
     let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
     let no_migrate = args.no_migrate;
     let config = resolve(args, database_url)?;
-    let registry = crate::registry()?;
     let views = registry.select(&config.views)?;
     let pool = projector_engine::db::pool(&config.database_url, config.pool_size)?;
     if !no_migrate {
@@ -23,7 +28,7 @@ pub async fn run(args: RunArgs, database_url: Option<String>) -> anyhow::Result<
             .get()
             .await
             .context("cannot connect to PostgreSQL (check --database-url / DATABASE_URL)")?;
-        projector_engine::migrate(&mut client, &registry).await?;
+        projector_engine::migrate(&mut client, registry).await?;
     }
     // Kafka with key = account id delivers each account's events in order through one
     // partition: the source declares per-account ordering.

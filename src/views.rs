@@ -2,8 +2,11 @@
 
 use std::collections::HashMap;
 
-pub async fn run(database_url: &str) -> anyhow::Result<()> {
-    let registry = crate::registry()?;
+use projector_engine::Registry;
+
+/// Lists the views of `registry` on standard output, with each version's state in the
+/// database of `database_url` when it answers.
+pub async fn run(database_url: &str, registry: &Registry) -> anyhow::Result<()> {
     let states = match states(database_url).await {
         Ok(s) => Some(s),
         Err(e) => {

@@ -236,3 +236,198 @@ mod tests {
         );
     }
 }
+
+/// The URL of database `dbname` on the server of `url`, every other option kept (user,
+/// password, hosts, port, `sslmode`, `sslrootcert`, timeouts), so that a connection to
+/// another database (the maintenance database `postgres`, a scratch or test database) is
+/// made as the original would be: same server, same credentials, same TLS.
+///
+/// Takes both forms libpq does: a URL (`postgres://` or `postgresql://`), whose path is
+/// replaced (and any `dbname` in its query string dropped), and a `key=value` connection
+/// string, whose `dbname` is replaced or appended. The result is checked as [`pool`] would
+/// parse it; like every error here, the message never repeats the URL.
+pub fn url_for_database(url: &str, dbname: &str) -> Result<String, DbError> {
+    if dbname.is_empty() {
+        return Err(DbError::BadUrl("the database name is empty".to_owned()));
+    }
+    let scheme = ["postgres://", "postgresql://"]
+        .into_iter()
+        .find(|s| url.starts_with(s));
+    let derived = match scheme {
+        Some(scheme) => {
+            let rest = &url[scheme.len()..];
+            let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+            // The authority (user:password@host:port) ends at the first '/': a slash in a
+            // socket directory or a password is percent-encoded in a URL.
+            let authority = before_query.split('/').next().unwrap_or_default();
+            let kept: Vec<&str> = query
+                .split('&')
+                .filter(|pair| !pair.is_empty() && !pair.starts_with("dbname="))
+                .collect();
+            let mut out = format!("{scheme}{authority}/{}", percent_encode(dbname));
+            if !kept.is_empty() {
+                out.push('?');
+                out.push_str(&kept.join("&"));
+            }
+            out
+        }
+        None => {
+            let mut pairs: Vec<String> = key_value_pairs(url)?
+                .into_iter()
+                .filter(|(key, _)| *key != "dbname")
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect();
+            pairs.push(format!("dbname={}", quote_value(dbname)));
+            pairs.join(" ")
+        }
+    };
+    let (checked, _, _) = split_tls_options(&derived);
+    tokio_postgres::Config::from_str(&checked).map_err(|e| DbError::BadUrl(e.to_string()))?;
+    Ok(derived)
+}
+
+/// `%XX` for every byte of `text` outside RFC 3986's unreserved characters.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The pairs of a libpq `key=value` connection string, each value as written (quotes and
+/// escapes kept), so that they can be written back unchanged.
+fn key_value_pairs(text: &str) -> Result<Vec<(&str, &str)>, DbError> {
+    let bad = |why: &str| DbError::BadUrl(format!("the connection string is not valid: {why}"));
+    let mut pairs = Vec::new();
+    let mut rest = text.trim_start();
+    while !rest.is_empty() {
+        let Some((key, after)) = rest.split_once('=') else {
+            return Err(bad("a key without `=`"));
+        };
+        let key = key.trim_end();
+        if key.is_empty() || key.contains(char::is_whitespace) {
+            return Err(bad("a key without `=`"));
+        }
+        let after = after.trim_start();
+        let end = if after.starts_with('\'') {
+            // A quoted value ends at the first quote that is not escaped by a backslash.
+            let mut escaped = false;
+            let mut close = None;
+            for (i, c) in after.char_indices().skip(1) {
+                match c {
+                    _ if escaped => escaped = false,
+                    '\\' => escaped = true,
+                    '\'' => {
+                        close = Some(i + 1);
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            close.ok_or_else(|| bad("an unterminated quoted value"))?
+        } else {
+            after.find(char::is_whitespace).unwrap_or(after.len())
+        };
+        pairs.push((key, &after[..end]));
+        rest = after[end..].trim_start();
+    }
+    Ok(pairs)
+}
+
+/// A value for a `key=value` connection string, quoted when libpq needs it to be.
+fn quote_value(value: &str) -> String {
+    if !value.is_empty() && !value.contains(|c: char| c.is_whitespace() || c == '\'' || c == '\\') {
+        return value.to_owned();
+    }
+    format!("'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+#[cfg(test)]
+mod url_for_database_tests {
+    use super::url_for_database;
+
+    #[test]
+    fn a_url_keeps_everything_but_its_database() {
+        let cases = [
+            ("postgres://u@h/db", "postgres://u@h/x"),
+            ("postgres://u@h", "postgres://u@h/x"),
+            ("postgres://u@h/", "postgres://u@h/x"),
+            (
+                "postgresql://u:p%2Fw@h:5433/db",
+                "postgresql://u:p%2Fw@h:5433/x",
+            ),
+            (
+                "postgres://u@h:5432/projector?sslmode=disable",
+                "postgres://u@h:5432/x?sslmode=disable",
+            ),
+            (
+                "postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem&connect_timeout=3",
+                "postgres://u@h/x?sslmode=verify-full&sslrootcert=/ca.pem&connect_timeout=3",
+            ),
+            (
+                "postgres://u@h?sslmode=require",
+                "postgres://u@h/x?sslmode=require",
+            ),
+            (
+                "postgres://u@h/db?dbname=other&sslmode=require",
+                "postgres://u@h/x?sslmode=require",
+            ),
+            (
+                "postgresql:///db?host=/run/pg",
+                "postgresql:///x?host=/run/pg",
+            ),
+        ];
+        for (url, expected) in cases {
+            assert_eq!(
+                url_for_database(url, "x").ok().as_deref(),
+                Some(expected),
+                "{url}"
+            );
+        }
+        assert_eq!(
+            url_for_database("postgres://u@h/db", "a b").ok().as_deref(),
+            Some("postgres://u@h/a%20b")
+        );
+    }
+
+    #[test]
+    fn a_connection_string_gets_its_dbname_replaced_or_added() {
+        let cases = [
+            ("host=h user=u", "host=h user=u dbname=x"),
+            ("host=h dbname=db user=u", "host=h user=u dbname=x"),
+            (
+                "host=h  dbname = 'my db'  sslmode=require password='a \\' b'",
+                "host=h sslmode=require password='a \\' b' dbname=x",
+            ),
+        ];
+        for (conn, expected) in cases {
+            assert_eq!(
+                url_for_database(conn, "x").ok().as_deref(),
+                Some(expected),
+                "{conn}"
+            );
+        }
+        assert_eq!(
+            url_for_database("host=h", "it's").ok().as_deref(),
+            Some("host=h dbname='it\\'s'")
+        );
+    }
+
+    #[test]
+    fn nonsense_is_refused_without_repeating_the_url() {
+        for (url, name) in [
+            ("postgres://u@h/db", ""),
+            ("host=h password='s3cr3t", "x"),
+            ("host", "x"),
+            ("postgres://u@h/db?sslmode=s3cr3t", "x"),
+        ] {
+            let e = url_for_database(url, name).expect_err(url);
+            assert!(!e.to_string().contains("s3cr3t"), "{e}");
+        }
+    }
+}

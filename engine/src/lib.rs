@@ -13,6 +13,7 @@
 //! - [`apply`]: the hot path; one batch of one partition into one view version, one transaction.
 //! - [`queries`]: every statement the engine runs on its own tables.
 //! - [`db`]: connection pools that never hand out a connection left inside a transaction.
+//! - [`kafka`]: the Kafka source; the producer and a dev broker are in `projector-devkit`.
 //! - [`schema`]: the engine's migrations and view installation (`projector migrate`).
 //! - `metrics` (private): counters through the `metrics` facade.
 //! - `testkit` (feature `testkit`): a database per test, and the conformance suite every

@@ -4,7 +4,6 @@
 
 use std::process::{Command, Stdio};
 use std::str::FromStr;
-use std::time::{Duration, Instant};
 
 use rust_decimal::Decimal;
 
@@ -23,7 +22,6 @@ const KEYS: [&str; 9] = [
 #[test]
 fn the_bench_reports_every_figure_as_json() {
     let url = projector_engine::testkit::admin_url();
-    let started = Instant::now();
     let child = Command::new(env!("CARGO_BIN_EXE_projector"))
         .args([
             "--database-url",
@@ -98,9 +96,4 @@ fn the_bench_reports_every_figure_as_json() {
                 .get::<_, i64>(0)
         });
     assert_eq!(left, 0, "the scratch database {scratch} was not dropped");
-    assert!(
-        started.elapsed() < Duration::from_secs(120),
-        "the small bench took {:?}",
-        started.elapsed()
-    );
 }

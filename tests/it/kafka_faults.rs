@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support::kafka::{config, publish, Progress};
 use crate::support::{fills, rows, trail_fold, Trail};
-use projector_engine::kafka::devbroker::{DevBroker, RDKafkaApiKey, RDKafkaRespErr};
+use projector_devkit::devbroker::{DevBroker, RDKafkaApiKey, RDKafkaRespErr};
 use projector_engine::kafka::source::run_view;
 use projector_engine::testkit::TestDb;
 use projector_engine::{Applier, Registry, SourceOrdering};

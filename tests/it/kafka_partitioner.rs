@@ -5,9 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use projector_engine::kafka::devbroker::DevBroker;
-use projector_engine::kafka::partitioner::{murmur2, partition_for_account};
-use projector_engine::kafka::publish::{publish_lines, PublishConfig};
+use projector_devkit::devbroker::DevBroker;
+use projector_devkit::partitioner::{murmur2, partition_for_account};
+use projector_devkit::publish::{publish_lines, PublishConfig};
 
 const PARTITIONS: i32 = 7;
 const READ: Duration = Duration::from_secs(30);

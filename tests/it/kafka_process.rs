@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::fills;
 use crate::support::kafka::publish;
 use crate::support::process::{run_to_end, Projector};
-use projector_engine::kafka::devbroker::DevBroker;
+use projector_devkit::devbroker::DevBroker;
 use projector_engine::testkit::conformance::dump;
 use projector_engine::testkit::{consume, EventSpec, Lcg, Partition, TestDb};
 use projector_engine::{Applier, SourceOrdering};

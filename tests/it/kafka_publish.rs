@@ -9,11 +9,11 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use projector_engine::kafka::devbroker::{
+use projector_devkit::devbroker::{
     read_topic, ConsumedMessage, DevBroker, RDKafkaApiKey, RDKafkaRespErr,
 };
-use projector_engine::kafka::partitioner::partition_for_account;
-use projector_engine::kafka::publish::{publish_lines, PublishConfig, PublishError};
+use projector_devkit::partitioner::partition_for_account;
+use projector_devkit::publish::{publish_lines, PublishConfig, PublishError};
 
 const READ: Duration = Duration::from_secs(30);
 const PROCESS: Duration = Duration::from_secs(60);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::support::kafka::{add, config, publish, Progress, Tee};
 use crate::support::{fills, rows, trail_fold, Trail};
-use projector_engine::kafka::devbroker::DevBroker;
+use projector_devkit::devbroker::DevBroker;
 use projector_engine::kafka::source::{run_view, Observer};
 use projector_engine::testkit::{EventSpec, TestDb};
 use projector_engine::{Applier, Batch, Registry, SourceOrdering};

@@ -13,6 +13,7 @@ mod engine_parking;
 mod engine_poison;
 mod engine_pool;
 mod engine_schedules;
+mod examples_custom_views;
 mod kafka_faults;
 mod kafka_partitioner;
 mod kafka_process;

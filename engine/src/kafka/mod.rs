@@ -1,7 +1,4 @@
-//! Kafka: the source that feeds the apply path, the producer side, and a local broker for
-//! development and tests.
+//! Kafka: the source that feeds the apply path. The producer side and a local broker for
+//! development and tests are in the `projector-devkit` crate.
 
-pub mod devbroker;
-pub mod partitioner;
-pub mod publish;
 pub mod source;

@@ -40,7 +40,7 @@ impl TestDb {
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .expect("create test database");
-        let url = with_database(&admin, &name);
+        let url = crate::db::url_for_database(&admin, &name).expect("a test database's URL");
         let pool = crate::db::pool(&url, 8).expect("test url");
         let db = Self { name, url, pool };
         let mut client = db.client().await;
@@ -71,17 +71,6 @@ impl TestDb {
     /// The database's name.
     pub fn name(&self) -> &str {
         &self.name
-    }
-}
-
-fn with_database(url: &str, name: &str) -> String {
-    match url.rfind('/') {
-        Some(i) if url[..i].contains("://") && !url[i..].contains('@') => {
-            let rest = &url[i + 1..];
-            let query = rest.find('?').map_or("", |q| &rest[q..]);
-            format!("{}/{name}{query}", &url[..i])
-        }
-        _ => format!("{url}/{name}"),
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use projector_engine::kafka::publish::{publish_lines, PublishConfig};
+use projector_devkit::publish::{publish_lines, PublishConfig};
 use projector_engine::kafka::source::Observer;
 use projector_engine::testkit::EventSpec;
 

@@ -3,14 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Context as _};
 use deadpool_postgres::Client;
 
 use super::events::Expected;
+use crate::error::{mismatch, BenchError, Doing as _};
 
 /// Compares a table with the expected rows, value by value (numerically for `numeric`, so
 /// `1.50` equals `1.5`), and fails with up to five differing rows.
-pub async fn table(client: &Client, expected: &Expected) -> anyhow::Result<()> {
+pub async fn table(client: &Client, expected: &Expected) -> Result<(), BenchError> {
     let n = expected.columns.len();
     let params: Vec<String> = (1..=n).map(|i| format!("${i}::text[]")).collect();
     let names: Vec<&str> = expected.columns.iter().map(|(c, _)| *c).collect();
@@ -55,7 +55,7 @@ pub async fn table(client: &Client, expected: &Expected) -> anyhow::Result<()> {
     let rows = client
         .query(&sql, &values)
         .await
-        .with_context(|| format!("comparing {} with the fold", expected.table))?;
+        .doing_with(|| format!("comparing {} with the fold", expected.table))?;
     if rows.is_empty() {
         return Ok(());
     }
@@ -64,7 +64,7 @@ pub async fn table(client: &Client, expected: &Expected) -> anyhow::Result<()> {
         let (e, v): (String, String) = (r.get(0), r.get(1));
         text.push_str(&format!("\n  expected {e}\n  found    {v}"));
     }
-    bail!(
+    mismatch!(
         "{} differs from the fold of the events it consumed (first differences):{text}",
         expected.table
     )
@@ -90,7 +90,7 @@ pub async fn counters(
     topic: &str,
     expected: &Counters,
     inbox: bool,
-) -> anyhow::Result<()> {
+) -> Result<(), BenchError> {
     let rows = client
         .query(
             "SELECT partition, next_offset, applied, ignored, duplicates, dead_lettered, waiting \
@@ -98,7 +98,7 @@ pub async fn counters(
             &[&consumer, &topic],
         )
         .await
-        .context("reading projector.offsets")?;
+        .doing("reading projector.offsets")?;
     let mut ends = BTreeMap::new();
     let (mut applied, mut ignored, mut other) = (0i64, 0i64, 0i64);
     for r in &rows {
@@ -120,7 +120,7 @@ pub async fn counters(
         i64::try_from(expected.ignored)?,
     );
     if ends != wanted || (applied, ignored) != want || other != 0 {
-        bail!(
+        mismatch!(
             "{consumer}: projector.offsets says next offsets {ends:?}, applied {applied}, ignored {ignored}, \
              duplicates + dead letters + waiting {other}; expected {wanted:?}, applied {}, ignored {}, 0",
             want.0,
@@ -134,10 +134,10 @@ pub async fn counters(
                 &[&consumer],
             )
             .await
-            .context("counting inbox rows")?
+            .doing("counting inbox rows")?
             .get(0);
         if n != want.0 {
-            bail!("{consumer}: {n} inbox rows for {} applied events", want.0);
+            mismatch!("{consumer}: {n} inbox rows for {} applied events", want.0);
         }
     }
     Ok(())

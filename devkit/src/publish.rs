@@ -5,11 +5,11 @@
 //! and everything before it has been delivered (or has failed) by the time the error is
 //! returned. Nothing is left half-sent.
 //!
-//! The producer settings are the ones the engine's guarantees rest on (DESIGN.md
-//! sections 3 and 6):
+//! The producer settings are the ones the engine's guarantees rest on (per-account ordering,
+//! see `docs/kafka.md`):
 //!
 //! - key = `account_id` in decimal, and `partitioner=murmur2_random`, librdkafka's name
-//!   for the Java client's partitioner (see [`super::partitioner`]), so all events of an
+//!   for the Java client's partitioner (see [`crate::partitioner`]), so all events of an
 //!   account share one partition whichever client produced them;
 //! - `enable.idempotence=true` and `acks=all`: producer retries neither duplicate nor
 //!   reorder messages within a partition, and a delivered message survives a broker loss.
@@ -28,7 +28,7 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt as _};
 
-use crate::event::{account_key, decode, Message};
+use projector_engine::event::{account_key, decode, Message};
 
 /// Delivery futures kept at most; beyond this the oldest is awaited before sending more,
 /// so memory stays bounded whatever the input size.

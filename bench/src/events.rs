@@ -10,6 +10,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use serde::Serialize;
+
 /// Symbols and their base prices in units of 1e-5.
 const SYMBOLS: [(&str, i64); 4] = [
     ("EURUSD", 108_420),
@@ -67,58 +69,99 @@ impl BenchEvent {
         !matches!(self.kind, Kind::Cash { .. })
     }
 
-    /// The wire format: one JSON line, without the newline. Every field is generated here
-    /// from plain ASCII, so nothing needs escaping.
+    /// The wire format: one JSON line, without the newline.
     pub fn payload(&self) -> String {
-        let (kind, data) = match &self.kind {
+        let data = match &self.kind {
             Kind::Fill {
                 symbol,
                 buy,
                 qty,
                 price,
                 fee,
-            } => (
-                "fill_executed",
-                format!(
-                    r#"{{"symbol":"{}","side":"{}","qty":"{qty}","price":"{}","fee":"{}"}}"#,
-                    SYMBOLS[*symbol].0,
-                    side(*buy),
-                    fixed(i128::from(*price), 5),
-                    fixed(i128::from(*fee), 2),
-                ),
-            ),
+            } => Data::Fill {
+                symbol: SYMBOLS[*symbol].0,
+                side: side(*buy),
+                qty: qty.to_string(),
+                price: fixed(i128::from(*price), 5),
+                fee: fixed(i128::from(*fee), 2),
+            },
             Kind::Bust {
                 fill_event_id,
                 symbol,
                 buy,
                 qty,
                 price,
-            } => (
-                "fill_busted",
-                format!(
-                    r#"{{"fill_event_id":"{fill_event_id}","symbol":"{}","side":"{}","qty":"{qty}","price":"{}"}}"#,
-                    SYMBOLS[*symbol].0,
-                    side(*buy),
-                    fixed(i128::from(*price), 5),
-                ),
-            ),
-            Kind::Cash { amount } => (
-                "cash_adjusted",
-                format!(
-                    r#"{{"amount":"{}","reason":"{}"}}"#,
-                    fixed(i128::from(*amount), 2),
-                    if *amount > 0 { "deposit" } else { "withdrawal" }
-                ),
-            ),
+            } => Data::Bust {
+                fill_event_id,
+                symbol: SYMBOLS[*symbol].0,
+                side: side(*buy),
+                qty: qty.to_string(),
+                price: fixed(i128::from(*price), 5),
+            },
+            Kind::Cash { amount } => Data::Cash {
+                amount: fixed(i128::from(*amount), 2),
+                reason: if *amount > 0 { "deposit" } else { "withdrawal" },
+            },
         };
-        format!(
-            r#"{{"event_id":"{}","type":"{kind}","account_id":{},"seq":{},"occurred_at":"{}","data":{data}}}"#,
-            self.event_id,
-            self.account_id,
-            self.seq,
-            timestamp(self.at_ms),
-        )
+        let envelope = Envelope {
+            event_id: &self.event_id,
+            kind: self.kind.name(),
+            account_id: self.account_id,
+            seq: self.seq,
+            occurred_at: timestamp(self.at_ms),
+            data,
+        };
+        // Strings and integers only: serde_json fails on map keys that are not strings and
+        // on failing `Serialize` impls, and there are neither.
+        serde_json::to_string(&envelope).expect("an envelope of strings and integers serializes")
     }
+}
+
+impl Kind {
+    /// The event type on the wire.
+    fn name(&self) -> &'static str {
+        match self {
+            Kind::Fill { .. } => "fill_executed",
+            Kind::Bust { .. } => "fill_busted",
+            Kind::Cash { .. } => "cash_adjusted",
+        }
+    }
+}
+
+/// The wire format's envelope; fields in the order the engine's docs show them.
+#[derive(Serialize)]
+struct Envelope<'a> {
+    event_id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    account_id: i64,
+    seq: i64,
+    occurred_at: String,
+    data: Data<'a>,
+}
+
+/// `data` of each event type; decimals as strings, read by the engine from their text.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Data<'a> {
+    Fill {
+        symbol: &'static str,
+        side: &'static str,
+        qty: String,
+        price: String,
+        fee: String,
+    },
+    Bust {
+        fill_event_id: &'a str,
+        symbol: &'static str,
+        side: &'static str,
+        qty: String,
+        price: String,
+    },
+    Cash {
+        amount: String,
+        reason: &'static str,
+    },
 }
 
 fn side(buy: bool) -> &'static str {
@@ -590,6 +633,56 @@ impl Fold {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn payloads_are_the_wire_format() {
+        let fill = BenchEvent {
+            event_id: "e-7-1".to_owned(),
+            account_id: 7,
+            seq: 1,
+            at_ms: 3_723_004,
+            kind: Kind::Fill {
+                symbol: 0,
+                buy: true,
+                qty: 300,
+                price: 108_420,
+                fee: 50,
+            },
+        };
+        assert_eq!(
+            fill.payload(),
+            r#"{"event_id":"e-7-1","type":"fill_executed","account_id":7,"seq":1,"occurred_at":"2026-11-29T01:02:03.004Z","data":{"symbol":"EURUSD","side":"buy","qty":"300","price":"1.08420","fee":"0.50"}}"#
+        );
+        let bust = BenchEvent {
+            event_id: "e-7-2".to_owned(),
+            seq: 2,
+            kind: Kind::Bust {
+                fill_event_id: "e-7-1".to_owned(),
+                symbol: 0,
+                buy: true,
+                qty: 300,
+                price: 108_420,
+            },
+            ..fill.clone()
+        };
+        assert_eq!(
+            bust.payload(),
+            r#"{"event_id":"e-7-2","type":"fill_busted","account_id":7,"seq":2,"occurred_at":"2026-11-29T01:02:03.004Z","data":{"fill_event_id":"e-7-1","symbol":"EURUSD","side":"buy","qty":"300","price":"1.08420"}}"#
+        );
+        let cash = BenchEvent {
+            event_id: "e-7-3".to_owned(),
+            seq: 3,
+            kind: Kind::Cash { amount: -1250 },
+            ..fill
+        };
+        assert_eq!(
+            cash.payload(),
+            r#"{"event_id":"e-7-3","type":"cash_adjusted","account_id":7,"seq":3,"occurred_at":"2026-11-29T01:02:03.004Z","data":{"amount":"-12.50","reason":"withdrawal"}}"#
+        );
+        let message =
+            projector_engine::Message::new(0, Some(b"7".to_vec()), cash.payload().into_bytes());
+        assert!(projector_engine::decode(&message).is_ok());
+    }
 
     #[test]
     fn fixed_point_text() {

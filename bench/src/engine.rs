@@ -2,19 +2,21 @@
 //! `run_views`, exactly as `projector run` does, watched through the source's [`Observer`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
+use bytes::Bytes;
 use deadpool_postgres::Pool;
-use projector_engine::kafka::publish::{publish_lines, PublishConfig, PublishReport};
+use projector_devkit::publish::{publish_lines, PublishConfig, PublishReport};
 use projector_engine::kafka::source::{run_views, KafkaConfig, Observer};
 use projector_engine::Applier;
-use tokio::io::{AsyncBufRead, AsyncRead, ReadBuf};
 use tokio::sync::{mpsc, oneshot, Notify};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::StreamExt as _;
+use tokio_util::io::StreamReader;
 use tokio_util::sync::CancellationToken;
+
+use crate::error::{mismatch, stop, BenchError, Doing as _};
 
 /// How long a phase may take before the bench gives up on it.
 const PHASE_TIMEOUT: Duration = Duration::from_secs(600);
@@ -69,7 +71,7 @@ impl Watch {
         self.with(|s| std::mem::take(&mut s.log))
     }
 
-    async fn wait(&self, what: &str, done: impl Fn(&State) -> bool) -> anyhow::Result<()> {
+    async fn wait(&self, what: &str, done: impl Fn(&State) -> bool) -> Result<(), BenchError> {
         let deadline = tokio::time::Instant::now() + PHASE_TIMEOUT;
         loop {
             let notified = self.changed.notified();
@@ -77,7 +79,7 @@ impl Watch {
                 return Ok(());
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                bail!("timed out after {PHASE_TIMEOUT:?} waiting for {what}");
+                stop!("timed out after {PHASE_TIMEOUT:?} waiting for {what}");
             }
         }
     }
@@ -163,7 +165,7 @@ pub async fn run(
     config: KafkaConfig,
     watch: Arc<Watch>,
     feed: Feed,
-) -> anyhow::Result<Run> {
+) -> Result<Run, BenchError> {
     let per_view: i64 = watch.ends.values().sum();
     let total = per_view * appliers.len() as i64;
     let partitions = config_partitions(&watch);
@@ -204,10 +206,10 @@ pub async fn run(
                 // The producer gave up before its first event was visible: say why.
                 Err(_) => match producer {
                     Some(p) => {
-                        p.await.context("the producer thread failed")??;
-                        bail!("the producer stopped before its first event was visible")
+                        p.await.doing("the producer thread failed")??;
+                        stop!("the producer stopped before its first event was visible")
                     }
-                    None => bail!("no producer"),
+                    None => stop!("no producer"),
                 },
             },
         };
@@ -220,16 +222,16 @@ pub async fn run(
             // A view that stops early (a fatal error) ends run_views; say why.
             r = &mut task => {
                 match r {
-                    Ok(Ok(())) => bail!("the views stopped before consuming everything"),
-                    Ok(Err(errors)) => bail!("the views stopped: {}", errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")),
-                    Err(e) => bail!("the view task failed: {e}"),
+                    Ok(Ok(())) => stop!("the views stopped before consuming everything"),
+                    Ok(Err(errors)) => stop!("the views stopped: {}", errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")),
+                    Err(e) => stop!("the view task failed: {e}"),
                 }
             }
         }
         let sent_at = match producer {
             None => Vec::new(),
             Some(p) => {
-                let (report, sent_at) = p.await.context("the producer thread failed")??;
+                let (report, sent_at) = p.await.doing("the producer thread failed")??;
                 same_partitions(&report, &watch.ends)?;
                 sent_at
             }
@@ -252,7 +254,7 @@ pub async fn run(
     if !task.is_finished() {
         match tokio::time::timeout(Duration::from_secs(60), &mut task).await {
             Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(errors))) if result.is_ok() => bail!(
+            Ok(Ok(Err(errors))) if result.is_ok() => stop!(
                 "{label}: the views stopped with errors: {}",
                 errors
                     .iter()
@@ -261,15 +263,15 @@ pub async fn run(
                     .join("; ")
             ),
             Ok(_) => {}
-            Err(_) => bail!("{label}: the views did not stop within a minute"),
+            Err(_) => stop!("{label}: the views did not stop within a minute"),
         }
     }
-    result.with_context(|| format!("phase {label}"))
+    result.doing_with(|| format!("phase {label}"))
 }
 
 /// The producer of `projector publish`, with lz4 compression: the mock cluster keeps at
-/// most 5 MiB of message sets per partition and drops the oldest beyond that (librdkafka's
-/// `rdkafka_mock.c`, not configurable), and compressed sets let a partition hold about four
+/// most 5 MiB of message sets per partition and drops the oldest beyond that (a limit
+/// librdkafka hard-codes in the mock cluster, not configurable), and compressed sets let a partition hold about four
 /// times as many events. Consumers decompress, as they would against a real cluster.
 fn producer(brokers: &str, topic: &str) -> PublishConfig {
     let mut config = PublishConfig::new(brokers, topic);
@@ -279,7 +281,7 @@ fn producer(brokers: &str, topic: &str) -> PublishConfig {
     config
 }
 
-type Produced = anyhow::Result<(PublishReport, Vec<Instant>)>;
+type Produced = Result<(PublishReport, Vec<Instant>), BenchError>;
 
 /// Publishes `lines` while the views run, on a thread and runtime of its own, as a producer
 /// in another process would be (on the engine's runtime, `publish_lines` would hold a worker
@@ -303,7 +305,7 @@ fn produce(
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .context("cannot start the producer's runtime")?
+            .doing("cannot start the producer's runtime")?
             .block_on(feed(brokers, topic, lines, rate, watch, released))
     })
 }
@@ -316,12 +318,9 @@ async fn feed(
     watch: Arc<Watch>,
     released: oneshot::Sender<Instant>,
 ) -> Produced {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let reader = Paced {
-        lines: rx,
-        line: Vec::new(),
-        pos: 0,
-    };
+    // The producer reads the lines as the sender below releases them.
+    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    let reader = StreamReader::new(UnboundedReceiverStream::new(rx).map(Ok::<_, std::io::Error>));
     let count = lines.len();
     let sender = tokio::spawn(async move {
         let mut sent_at = Vec::with_capacity(count);
@@ -331,7 +330,7 @@ async fn feed(
             bytes.push(b'\n');
             sent_at.push(Instant::now());
             // Fails only when publishing stopped; its error is reported from there.
-            tx.send(bytes).is_ok()
+            tx.send(Bytes::from(bytes)).is_ok()
         };
         let Some(first) = lines.next() else {
             return Ok(sent_at);
@@ -378,14 +377,14 @@ async fn feed(
                 }
             }
         }
-        anyhow::Ok(sent_at)
+        Ok::<_, BenchError>(sent_at)
     });
     let report = publish_lines(reader, &producer(&brokers, &topic))
         .await
-        .with_context(|| format!("publishing to {topic}"))?;
-    let sent_at = sender.await.context("the sender failed")??;
+        .doing_with(|| format!("publishing to {topic}"))?;
+    let sent_at = sender.await.doing("the sender failed")??;
     if report.sent != count as u64 || sent_at.len() != count {
-        bail!(
+        mismatch!(
             "published {} of {count} events",
             report.sent.min(sent_at.len() as u64)
         );
@@ -395,14 +394,14 @@ async fn feed(
 
 /// The producer must have put each event where the bench computed it would (murmur2 of the
 /// account): the latency phase maps events to offsets by it.
-fn same_partitions(report: &PublishReport, ends: &BTreeMap<i32, i64>) -> anyhow::Result<()> {
+fn same_partitions(report: &PublishReport, ends: &BTreeMap<i32, i64>) -> Result<(), BenchError> {
     let expected: BTreeMap<i32, u64> = ends
         .iter()
         .filter(|(_, n)| **n > 0)
         .map(|(p, n)| (*p, n.unsigned_abs()))
         .collect();
     if report.partitions != expected {
-        bail!(
+        mismatch!(
             "the producer delivered {:?} events per partition; the bench expected {expected:?}",
             report.partitions
         );
@@ -429,64 +428,13 @@ async fn progress(label: String, watch: Arc<Watch>, total: i64) {
     }
 }
 
-/// Lines arriving on a channel, as the producer's input.
-struct Paced {
-    lines: mpsc::UnboundedReceiver<Vec<u8>>,
-    line: Vec<u8>,
-    pos: usize,
-}
-
-impl AsyncRead for Paced {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        out: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let available = match self.as_mut().poll_fill_buf(cx) {
-            Poll::Ready(Ok(available)) => available,
-            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-            Poll::Pending => return Poll::Pending,
-        };
-        let n = available.len().min(out.remaining());
-        out.put_slice(&available[..n]);
-        self.consume(n);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncBufRead for Paced {
-    fn poll_fill_buf(
-        self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<std::io::Result<&[u8]>> {
-        let this = self.get_mut();
-        while this.pos >= this.line.len() {
-            match this.lines.poll_recv(cx) {
-                Poll::Ready(Some(line)) => {
-                    this.line = line;
-                    this.pos = 0;
-                }
-                // The sender is done: end of input.
-                Poll::Ready(None) => break,
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        Poll::Ready(Ok(this.line.get(this.pos..).unwrap_or_default()))
-    }
-
-    fn consume(self: Pin<&mut Self>, amt: usize) {
-        let this = self.get_mut();
-        this.pos = (this.pos + amt).min(this.line.len());
-    }
-}
-
 /// Publish-to-visible latency of each paced event: the first commit of its partition whose
 /// next offset passes the event's offset, minus when the event was handed to the producer.
 pub fn latencies(
     placement: &[(i32, i64)],
     sent_at: &[Instant],
     commits: &[(Instant, i32, i64)],
-) -> anyhow::Result<Vec<Duration>> {
+) -> Result<Vec<Duration>, BenchError> {
     let mut by_partition: HashMap<i32, Vec<(i64, Instant)>> = HashMap::new();
     for &(at, p, next) in commits {
         by_partition.entry(p).or_default().push((next, at));
@@ -499,7 +447,7 @@ pub fn latencies(
         let list = by_partition.get(&p).map(Vec::as_slice).unwrap_or_default();
         let i = list.partition_point(|&(next, _)| next <= offset);
         let Some(&(_, visible)) = list.get(i) else {
-            bail!("no commit covers partition {p} offset {offset}");
+            stop!("no commit covers partition {p} offset {offset}");
         };
         out.push(visible.saturating_duration_since(sent));
     }

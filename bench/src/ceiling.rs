@@ -15,12 +15,12 @@ use std::pin::{pin, Pin};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
 use deadpool_postgres::Pool;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::events::{position_text, symbol, BenchEvent, Position};
+use crate::error::{stop, BenchError, Doing as _};
 
 /// Events per transaction: the fastest size measured on the bench's machine between 500 and
 /// 50,000 (about 100,000 events/s against about 60,000 at 10,000 and 50,000); larger
@@ -41,7 +41,7 @@ pub async fn run(
     table: &str,
     topic: &str,
     partitions: BTreeMap<i32, Vec<Item<'_>>>,
-) -> anyhow::Result<Duration> {
+) -> Result<Duration, BenchError> {
     let started = Instant::now();
     let work = partitions
         .iter()
@@ -60,8 +60,8 @@ async fn partition(
     topic: &str,
     partition: i32,
     items: &[Item<'_>],
-) -> anyhow::Result<()> {
-    let mut client = pool.get().await.context("connecting to PostgreSQL")?;
+) -> Result<(), BenchError> {
+    let mut client = pool.get().await.doing("connecting to PostgreSQL")?;
     let upsert = client
         .prepare(&format!(
             "INSERT INTO {table} (account_id, symbol, net_qty, avg_price, realized_pnl, last_trade_at, version) \
@@ -75,41 +75,41 @@ async fn partition(
              WHERE {table}.version < EXCLUDED.version"
         ))
         .await
-        .context("ceiling: preparing the upsert")?;
+        .doing("ceiling: preparing the upsert")?;
     let progress = client
         .prepare(projector_engine::queries::SAVE_PROGRESS)
         .await
-        .context("ceiling: preparing the progress upsert")?;
+        .doing("ceiling: preparing the progress upsert")?;
     let advance = client
         .prepare(projector_engine::queries::ADVANCE_OFFSET)
         .await
-        .context("ceiling: preparing the offset update")?;
+        .doing("ceiling: preparing the offset update")?;
     client
         .execute(
             "INSERT INTO projector.offsets (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, 0)",
             &[&consumer, &topic, &partition],
         )
         .await
-        .context("ceiling: creating the offset row")?;
+        .doing("ceiling: creating the offset row")?;
 
     let mut start = 0i64;
     for chunk in items.chunks(CHUNK) {
         let Some(last) = chunk.last() else { continue };
         let next = last.offset + 1;
-        let tx = client.transaction().await.context("ceiling: begin")?;
+        let tx = client.transaction().await.doing("ceiling: begin")?;
         let sink = tx
             .copy_in("COPY projector.inbox (consumer, event_id) FROM STDIN (FORMAT binary)")
             .await
-            .context("ceiling: COPY")?;
+            .doing("ceiling: COPY")?;
         let mut writer = pin!(BinaryCopyInWriter::new(sink, &[Type::TEXT, Type::TEXT]));
         for item in chunk.iter().filter(|i| i.write.is_some()) {
             writer
                 .as_mut()
                 .write(&[&consumer, &item.event.event_id])
                 .await
-                .context("ceiling: COPY row")?;
+                .doing("ceiling: COPY row")?;
         }
-        writer.finish().await.context("ceiling: COPY end")?;
+        writer.finish().await.doing("ceiling: COPY end")?;
 
         // Key-disjoint rounds: round r holds the r-th write of each (account, symbol).
         let mut rounds: Vec<Round> = Vec::new();
@@ -151,12 +151,12 @@ async fn partition(
         let results = join_all(statements).await;
         let mut moved = 0;
         for r in results {
-            moved = r.context("ceiling: a statement")?;
+            moved = r.doing("ceiling: a statement")?;
         }
         if moved != 1 {
-            bail!("ceiling: the offset row of partition {partition} was not at {start}");
+            stop!("ceiling: the offset row of partition {partition} was not at {start}");
         }
-        tx.commit().await.context("ceiling: commit")?;
+        tx.commit().await.doing("ceiling: commit")?;
         start = next;
     }
     Ok(())

@@ -1,5 +1,5 @@
-//! The baseline most teams write first: one transaction per event, holding the seeds' single
-//! CTE statement (inbox insert `ON CONFLICT DO NOTHING RETURNING`, then the guarded upsert)
+//! The baseline most teams write first: one transaction per event, holding the textbook
+//! single CTE statement (inbox insert `ON CONFLICT DO NOTHING RETURNING`, then the guarded upsert)
 //! and the offset update, one round trip after another.
 //!
 //! It applies the portfolio view's own SQL, so its rows must equal the engine's; only the
@@ -9,12 +9,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
 use deadpool_postgres::Pool;
-use projector_engine::kafka::devbroker::ConsumedMessage;
+use projector_devkit::devbroker::ConsumedMessage;
 use projector_engine::projection::render;
 use projector_engine::{decode, queries, Message, Projection};
 use projector_views::Portfolio;
+
+use crate::error::{stop, BenchError, Doing as _};
 
 /// What the naive consumer did within its time budget.
 pub struct Naive {
@@ -25,7 +26,7 @@ pub struct Naive {
     pub ends: BTreeMap<i32, i64>,
 }
 
-/// The seeds' statement for one event: `$1` the consumer, `$2..$7` the event.
+/// The textbook statement for one event: `$1` the consumer, `$2..$7` the event.
 fn statement(view: &dyn Projection) -> String {
     let sql = view.apply_sql();
     render(
@@ -55,19 +56,19 @@ pub async fn run(
     topic: &str,
     messages: &[ConsumedMessage],
     budget: Duration,
-) -> anyhow::Result<Naive> {
+) -> Result<Naive, BenchError> {
     let view = Portfolio::new(version);
     let consumer = view.consumer();
     let subscribes = view.subscribes();
-    let mut client = pool.get().await.context("connecting to PostgreSQL")?;
+    let mut client = pool.get().await.doing("connecting to PostgreSQL")?;
     let stmt = client
         .prepare(&statement(&view))
         .await
-        .context("preparing the naive statement")?;
+        .doing("preparing the naive statement")?;
     let advance = client
         .prepare(ADVANCE)
         .await
-        .context("preparing the offset update")?;
+        .doing("preparing the offset update")?;
 
     let mut by_partition: BTreeMap<i32, Vec<&ConsumedMessage>> = BTreeMap::new();
     for m in messages {
@@ -81,7 +82,7 @@ pub async fn run(
                 &[&consumer, &topic, &p],
             )
             .await
-            .context("creating the naive consumer's offset rows")?;
+            .doing("creating the naive consumer's offset rows")?;
         ends.insert(p, 0);
     }
 
@@ -97,10 +98,10 @@ pub async fn run(
             let message = Message::new(m.offset, m.key.clone(), m.payload.clone());
             let event = match decode(&message) {
                 Ok(e) => e,
-                Err(e) => bail!("naive: partition {p} offset {}: poison: {e}", m.offset),
+                Err(e) => stop!("naive: partition {p} offset {}: poison: {e}", m.offset),
             };
             let applies = subscribes.contains(&event.event_type.as_str());
-            let tx = client.transaction().await.context("naive: begin")?;
+            let tx = client.transaction().await.doing("naive: begin")?;
             let applied: i64 = if applies {
                 tx.query_one(
                     &stmt,
@@ -115,7 +116,7 @@ pub async fn run(
                     ],
                 )
                 .await
-                .context("naive: the event's statement")?
+                .doing("naive: the event's statement")?
                 .get(0)
             } else {
                 0
@@ -135,14 +136,14 @@ pub async fn run(
                     ],
                 )
                 .await
-                .context("naive: the offset update")?;
+                .doing("naive: the offset update")?;
             if moved != 1 {
-                bail!(
+                stop!(
                     "naive: the offset row of partition {p} was not at {}",
                     m.offset
                 );
             }
-            tx.commit().await.context("naive: commit")?;
+            tx.commit().await.doing("naive: commit")?;
             ends.insert(p, m.offset + 1);
             events += 1;
             if started.elapsed() >= budget {

@@ -1,7 +1,7 @@
 //! The partition an account's events land on, computed exactly as Apache Kafka's Java
 //! producer computes it.
 //!
-//! Per-account ordering (DESIGN.md section 6) holds only if every event of an account lands
+//! Per-account ordering holds only if every event of an account lands
 //! on one partition, whoever produced it. librdkafka's default partitioner is
 //! `consistent_random` (CRC32 of the key), which sends the same key to a *different*
 //! partition than the Java client's murmur2 partitioner. A deployment where a Java service
@@ -68,7 +68,7 @@ pub fn partition_for_key(key: &[u8], partitions: i32) -> i32 {
 }
 
 /// The partition of an account's events: the key is the account id as a decimal UTF-8
-/// string (DESIGN.md section 3), hashed as [`partition_for_key`] does.
+/// string (the wire format's message key), hashed as [`partition_for_key`] does.
 ///
 /// # Panics
 ///

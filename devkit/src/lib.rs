@@ -1,0 +1,20 @@
+//! Tools for development, demos, benchmarks and tests; nothing here runs in production
+//! except the publisher behind `projector publish`.
+//!
+//! The engine (`projector-engine`) only consumes. What produces events or stands in for a
+//! Kafka cluster lives here, so that the engine carries no `unsafe` code and no direct
+//! `rdkafka-sys` dependency.
+//!
+//! # Layout
+//!
+//! - [`devbroker`]: librdkafka's mock cluster as a Kafka-protocol broker in the process
+//!   (`projector dev-broker`, the tests, the bench), with fault injection, and reading a
+//!   topic back. Holds this crate's one `unsafe` call.
+//! - [`partitioner`]: the partition an account's events land on, exactly as Apache Kafka's
+//!   Java producer computes it.
+//! - [`publish`]: JSON lines in, one Kafka message per event, keyed and partitioned like the
+//!   Java client (`projector publish`).
+
+pub mod devbroker;
+pub mod partitioner;
+pub mod publish;

@@ -1,0 +1,143 @@
+//! The `projector` command line as a library: every subcommand, for any set of views.
+//!
+//! "New views are added as plugins": a team with views of its own writes a binary of a few
+//! lines that hands [`main`] its registry, and gets every command (`run`, `migrate`,
+//! `views`, `demo`, ...) for those views, with the same flags, output and exit codes as
+//! `projector`. `src/main.rs` is that binary for the built-in views;
+//! `examples/custom_views.rs` is one for the built-ins plus a view of its own:
+//!
+//! ```no_run
+//! fn main() -> std::process::ExitCode {
+//!     projector::main(projector_views::registry)
+//! }
+//! ```
+//!
+//! Each subcommand parses its flags and calls into the library crates (`projector-engine`,
+//! `projector-devkit`, `projector-bench`); the work is done there.
+//!
+//! # Layout
+//!
+//! - this file: the command line ([`main`]), logging, the runtime, exit codes.
+//! - [`run`]: `projector run`, the topic into the views until SIGINT or SIGTERM.
+//! - [`config`]: `run`'s flags, environment and TOML file, resolved.
+//! - [`migrate`]: `projector migrate`, the engine's schema and every view's tables.
+//! - [`views`]: `projector views`, the registered views and their state.
+//! - [`demo`]: `projector demo`, a sample applied as one partition.
+//! - [`publish`]: `projector publish`, JSON lines to Kafka.
+//! - [`dev_broker`]: `projector dev-broker`, a local Kafka broker.
+//! - [`bench`]: `projector bench`, the flags and output of the benchmark.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use projector_engine::{Registry, ViewError};
+
+pub mod bench;
+pub mod config;
+pub mod demo;
+pub mod dev_broker;
+pub mod migrate;
+pub mod publish;
+pub mod run;
+pub mod views;
+
+/// Exactly-once CQRS projections from Kafka into PostgreSQL.
+#[derive(Debug, Parser)]
+#[command(name = "projector", version, about)]
+struct Cli {
+    /// PostgreSQL URL, libpq's form; `sslmode` decides TLS. Never logged.
+    /// [default: postgres://postgres@127.0.0.1:5432/projector]
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply the engine's schema and every registered view's tables; safe to repeat.
+    Migrate,
+    /// List the registered views: versions, state, dedup mode, subscribed event types.
+    Views,
+    /// Create a demo database, migrate it and apply the bundled sample events to every view.
+    Demo(demo::Args),
+    /// Consume a Kafka topic into the views until SIGINT or SIGTERM.
+    Run(config::RunArgs),
+    /// Publish JSON-lines events to Kafka, keyed and partitioned like the Java client.
+    Publish(publish::Args),
+    /// Serve librdkafka's mock cluster as a local Kafka broker for development.
+    DevBroker(dev_broker::Args),
+    /// Measure throughput, catch-up and latency against a naive consumer and a plain-SQL
+    /// ceiling, on the dev broker and a scratch database of the --database-url server.
+    Bench(bench::Args),
+}
+
+/// Runs the command line of the process's arguments with the views `registry` builds, and
+/// returns the exit code: 0 on success, 1 when the command failed (the error is on standard
+/// error, one line), 2 when the arguments are wrong.
+///
+/// `registry` is called once, by the commands that use views (not by `publish`,
+/// `dev-broker` or `bench`, nor for `--help`); a registry that refuses a view is an error of
+/// those commands.
+pub fn main(registry: impl FnOnce() -> Result<Registry, ViewError>) -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // One line that says what to fix; --help has the rest.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("{first} (see `projector --help`)");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PROJECTOR_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // A program that embeds the command line may have set a subscriber of its own.
+        .try_init()
+        .ok();
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let url = || {
+            cli.database_url
+                .clone()
+                .unwrap_or_else(|| config::DEFAULT_DATABASE_URL.to_owned())
+        };
+        match cli.command {
+            Command::Migrate => migrate::run(&url(), &registry()?).await,
+            Command::Views => views::run(&url(), &registry()?).await,
+            Command::Demo(args) => demo::run(&url(), &registry()?, args).await,
+            Command::Run(args) => run::run(args, cli.database_url.clone(), &registry()?).await,
+            Command::Publish(args) => publish::run(args).await,
+            Command::DevBroker(args) => dev_broker::run(args).await,
+            Command::Bench(args) => bench::run(args, &url()).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
