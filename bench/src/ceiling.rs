@@ -76,8 +76,15 @@ async fn partition(
         ))
         .await
         .doing("ceiling: preparing the upsert")?;
+    // The engine's progress rows, as one plain upsert (the engine creates and locks them
+    // first, which the ceiling need not do: it has no other writer).
     let progress = client
-        .prepare(projector_engine::queries::SAVE_PROGRESS)
+        .prepare(
+            "INSERT INTO projector.account_progress (consumer, account_id, last_seq, last_event_id) \
+             SELECT $1, a, s, e FROM unnest($2::bigint[], $3::bigint[], $4::text[]) AS x(a, s, e) \
+             ON CONFLICT (consumer, account_id) DO UPDATE \
+             SET last_seq = EXCLUDED.last_seq, last_event_id = EXCLUDED.last_event_id, updated_at = now()",
+        )
         .await
         .doing("ceiling: preparing the progress upsert")?;
     let advance = client
@@ -114,11 +121,11 @@ async fn partition(
         // Key-disjoint rounds: round r holds the r-th write of each (account, symbol).
         let mut rounds: Vec<Round> = Vec::new();
         let mut depth: HashMap<(i64, usize), usize> = HashMap::new();
-        let mut last_seq: BTreeMap<i64, i64> = BTreeMap::new();
+        let mut last_seq: BTreeMap<i64, (i64, &str)> = BTreeMap::new();
         let mut applied = 0i64;
         for item in chunk {
             let e = item.event;
-            last_seq.insert(e.account_id, e.seq);
+            last_seq.insert(e.account_id, (e.seq, e.event_id.as_str()));
             let Some((s, pos)) = &item.write else {
                 continue;
             };
@@ -131,14 +138,17 @@ async fn partition(
             *d += 1;
         }
         let ignored = chunk.len() as i64 - applied;
-        let (accounts, seqs): (Vec<i64>, Vec<i64>) = last_seq.into_iter().unzip();
+        let accounts: Vec<i64> = last_seq.keys().copied().collect();
+        let seqs: Vec<i64> = last_seq.values().map(|(s, _)| *s).collect();
+        let ids: Vec<&str> = last_seq.values().map(|(_, e)| *e).collect();
         let zero = 0i64;
 
         let round_params: Vec<[&(dyn ToSql + Sync); 7]> =
             rounds.iter().map(Round::params).collect();
-        let progress_params: [&(dyn ToSql + Sync); 3] = [&consumer, &accounts, &seqs];
-        let advance_params: [&(dyn ToSql + Sync); 10] = [
+        let progress_params: [&(dyn ToSql + Sync); 4] = [&consumer, &accounts, &seqs, &ids];
+        let advance_params: [&(dyn ToSql + Sync); 11] = [
             &consumer, &topic, &partition, &next, &start, &applied, &ignored, &zero, &zero, &zero,
+            &zero,
         ];
         type Pending<'s> =
             Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> + Send + 's>>;
