@@ -122,6 +122,21 @@ pub const PARK_ACCOUNTS: &str = "INSERT INTO projector.parked_accounts AS k \
          dead_letter_id = EXCLUDED.dead_letter_id, detail = EXCLUDED.detail, \
          parked_at = CASE WHEN k.blocked_seq = EXCLUDED.blocked_seq THEN k.parked_at ELSE now() END";
 
+/// Parks whose blocking `seq` arrived in this batch as poison, for accounts the batch holds
+/// no sound event of (the others go through [`PARK_ACCOUNTS`]): they now wait for a dead
+/// letter, not for an event that never came.
+pub const RELABEL_PARKS: &str = "UPDATE projector.parked_accounts k \
+     SET reason = 'dead_letter', dead_letter_id = d.id, \
+         detail = format('seq %s is dead letter %s (%s: %s); %s later event(s) wait', \
+                         k.blocked_seq, d.id, d.kind, left(d.error, 300), \
+                         (SELECT count(*) FROM projector.waiting_events w \
+                          WHERE w.consumer = k.consumer AND w.account_id = k.account_id)) \
+     FROM unnest($2::bigint[], $3::bigint[]) AS x(a, s) \
+     CROSS JOIN LATERAL (SELECT id, kind, error FROM projector.dead_letters \
+                         WHERE consumer = $1 AND account_id = x.a AND seq = x.s AND resolved_at IS NULL \
+                         ORDER BY id DESC LIMIT 1) d \
+     WHERE k.consumer = $1 AND k.account_id = x.a AND k.blocked_seq = x.s";
+
 /// Accounts whose wait is over.
 pub const UNPARK_ACCOUNTS: &str =
     "DELETE FROM projector.parked_accounts WHERE consumer = $1 AND account_id = ANY($2::bigint[])";

@@ -7,6 +7,7 @@ mod bench_smoke;
 mod cli;
 mod engine_conformance;
 mod engine_fencing;
+mod engine_hardening;
 mod engine_metrics;
 mod engine_migrate;
 mod engine_parking;

@@ -136,6 +136,8 @@ struct Rows<'a> {
     /// Accounts that end parked: (account, blocked seq, events waiting).
     parks: (Vec<i64>, Vec<i64>, Vec<i64>),
     unparks: Vec<i64>,
+    /// Poison of accounts the batch holds no sound event of: (account, seq).
+    relabel: (Vec<i64>, Vec<i64>),
     /// Accounts whose `last_seq` moved: (account, last seq, event holding it).
     progress: (Vec<i64>, Vec<i64>, Vec<Option<&'a str>>),
 }
@@ -144,6 +146,12 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
     let mut rows = Rows::default();
     for (i, d) in work.decoded.iter().enumerate() {
         if let Decoded::Poison { error, salvage } = d {
+            if let (Some(account), Some(seq)) = (salvage.account_id, salvage.seq) {
+                if !work.accounts.iter().any(|a| a.account_id == account) {
+                    rows.relabel.0.push(account);
+                    rows.relabel.1.push(seq);
+                }
+            }
             rows.dead.push(DeadLetter {
                 source: work.source(Item::Batch(i)),
                 kind: "poison",
@@ -244,17 +252,26 @@ impl Applier {
         // nothing, and prepared statements go out on the first poll, so the pipeline below
         // reaches PostgreSQL in the order written (a park reads this batch's dead letters).
         let prepare = |sql: &'static str| async move { tx.prepare_cached(sql).await };
-        let (insert_dead, insert_waiting, delete_waiting, park, unpark, save, advance_stmt) =
-            futures::try_join!(
-                prepare(queries::INSERT_DEAD_LETTERS),
-                prepare(queries::INSERT_WAITING),
-                prepare(queries::DELETE_WAITING),
-                prepare(queries::PARK_ACCOUNTS),
-                prepare(queries::UNPARK_ACCOUNTS),
-                prepare(queries::SAVE_PROGRESS),
-                prepare(queries::ADVANCE_OFFSET),
-            )
-            .map_err(&err)?;
+        let (
+            insert_dead,
+            insert_waiting,
+            delete_waiting,
+            park,
+            relabel,
+            unpark,
+            save,
+            advance_stmt,
+        ) = futures::try_join!(
+            prepare(queries::INSERT_DEAD_LETTERS),
+            prepare(queries::INSERT_WAITING),
+            prepare(queries::DELETE_WAITING),
+            prepare(queries::PARK_ACCOUNTS),
+            prepare(queries::RELABEL_PARKS),
+            prepare(queries::UNPARK_ACCOUNTS),
+            prepare(queries::SAVE_PROGRESS),
+            prepare(queries::ADVANCE_OFFSET),
+        )
+        .map_err(&err)?;
 
         let mut counts = work.counts.clone();
         // Sent first: the fast path's savepoint, if it is still open. Everything here commits
@@ -324,8 +341,14 @@ impl Applier {
                 .await
         };
         let unparks = async {
+            let relabelled = if rows.relabel.0.is_empty() {
+                0
+            } else {
+                tx.execute(&relabel, &[c, &rows.relabel.0, &rows.relabel.1])
+                    .await?
+            };
             if rows.unparks.is_empty() {
-                return Ok(0);
+                return Ok(relabelled);
             }
             tx.execute(&unpark, &[c, &rows.unparks]).await
         };
