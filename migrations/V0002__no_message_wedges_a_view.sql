@@ -8,6 +8,9 @@ ALTER TABLE projector.offsets RENAME COLUMN parked TO waiting;
 -- Waiting events counted again when they leave the waiting table, in whatever became of them:
 -- applied + ignored + duplicates + dead_lettered + waiting - drained = messages consumed.
 ALTER TABLE projector.offsets ADD COLUMN drained bigint NOT NULL DEFAULT 0;
+-- Which process committed the partition last (its --instance-id, else host:pid): operators
+-- see who holds a partition, and tests see a takeover without reading logs.
+ALTER TABLE projector.offsets ADD COLUMN committed_by text;
 
 -- conflict: a second event claims an (account, seq) another event already holds; a bug of
 -- the write side, not a duplicate. It is dead-lettered naming both events.

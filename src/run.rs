@@ -32,10 +32,17 @@ pub async fn run(
     }
     // Kafka with key = account id delivers each account's events in order through one
     // partition: the source declares per-account ordering.
+    let owner = config.kafka.instance_id.clone();
     let appliers = views
         .into_iter()
-        .map(|v| Applier::new(v, SourceOrdering::PerAccount).map(Arc::new))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|v| {
+            let applier = Applier::new(v, SourceOrdering::PerAccount)?;
+            Ok(Arc::new(match &owner {
+                Some(id) => applier.owned_by(id.clone()),
+                None => applier,
+            }))
+        })
+        .collect::<Result<Vec<_>, projector_engine::ViewError>>()?;
     let names: Vec<&str> = appliers.iter().map(|a| a.consumer()).collect();
     tracing::info!(views = ?names, topic = %config.kafka.topic, "starting");
     eprintln!(

@@ -146,9 +146,10 @@ async fn partition(
         let round_params: Vec<[&(dyn ToSql + Sync); 7]> =
             rounds.iter().map(Round::params).collect();
         let progress_params: [&(dyn ToSql + Sync); 4] = [&consumer, &accounts, &seqs, &ids];
-        let advance_params: [&(dyn ToSql + Sync); 11] = [
+        let owner = "ceiling";
+        let advance_params: [&(dyn ToSql + Sync); 12] = [
             &consumer, &topic, &partition, &next, &start, &applied, &ignored, &zero, &zero, &zero,
-            &zero,
+            &zero, &owner,
         ];
         type Pending<'s> =
             Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> + Send + 's>>;

@@ -25,7 +25,8 @@ pub const LOCK_OFFSET: &str = "WITH locked AS ( \
 pub const ADVANCE_OFFSET: &str =
     "UPDATE projector.offsets SET next_offset = $4, updated_at = now(), \
      applied = applied + $6, ignored = ignored + $7, duplicates = duplicates + $8, \
-     dead_lettered = dead_lettered + $9, waiting = waiting + $10, drained = drained + $11 \
+     dead_lettered = dead_lettered + $9, waiting = waiting + $10, drained = drained + $11, \
+     committed_by = $12 \
      WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $5";
 
 /// The stored offset of a partition, for seeking on assignment.

@@ -1,7 +1,6 @@
 //! `projector run` as a real process: killed with SIGKILL at random moments, scaled out to
 //! two processes, stopped with SIGTERM, and refusing bad configuration in one line.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::support::fills;
@@ -65,6 +64,60 @@ async fn committed(db: &TestDb) -> (i64, i64, i64) {
     (r.get(0), r.get(1), r.get(2))
 }
 
+/// Which process committed each partition last: (partition, `committed_by`).
+async fn owners(db: &TestDb) -> Vec<(i32, Option<String>)> {
+    db.client()
+        .await
+        .query(
+            "SELECT partition, committed_by FROM projector.offsets \
+             WHERE consumer = 'portfolio_v1' ORDER BY partition",
+            &[],
+        )
+        .await
+        .expect("owners")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// The name a process without `--instance-id` commits under.
+fn owner_of(p: &Projector) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}:{}", p.pid())
+}
+
+/// Polls PostgreSQL until `done` holds for what `probe` reads; panics at the deadline with
+/// the process logs. The poll interval is a sampling rate, not a guess at how long anything
+/// takes.
+fn wait_until<T: std::fmt::Debug>(
+    rt: &tokio::runtime::Runtime,
+    what: &str,
+    processes: &mut [&mut Projector],
+    mut probe: impl FnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let seen = probe();
+        if done(&seen) {
+            return seen;
+        }
+        if std::time::Instant::now() > deadline {
+            let logs: Vec<String> = processes.iter_mut().map(|p| p.log()).collect();
+            panic!(
+                "timed out waiting for {what}: last seen {seen:?}; logs:\n{}",
+                logs.join("\n---\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn run_args<'a>(bootstrap: &'a str, url: &'a str) -> Vec<&'a str> {
     vec![
         "run",
@@ -85,97 +138,81 @@ fn run_args<'a>(bootstrap: &'a str, url: &'a str) -> Vec<&'a str> {
     ]
 }
 
-const COMMITS: &str = "projector_engine::apply=debug,projector_engine::kafka=info,warn";
-
-fn is_commit(line: &str) -> bool {
-    line.contains("batch committed")
-}
+const LOG: &str = "projector_engine::kafka=info,warn";
 
 #[test]
 fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
     let rt = runtime();
     let broker = DevBroker::start(1, &[("fills", 4)]).expect("broker");
     let bootstrap = broker.bootstrap_servers();
-    let events = fills(100, 300);
-    // One event in twenty is delivered twice.
-    let mut stream = events.clone();
-    stream.extend(events.iter().step_by(20).cloned());
     let db = rt.block_on(TestDb::new(&projector_views::registry().expect("registry")));
-    rt.block_on(publish(&bootstrap, "fills", &stream));
-    let total = stream.len() as i64;
+    // The stream is published in chunks, the next one whenever the processes come near the
+    // end, so that 25 kills land mid-stream however fast this machine applies.
+    let events = fills(100, 900);
+    let chunks: Vec<&[EventSpec]> = events.chunks(3_000).collect();
+    let mut published: Vec<EventSpec> = Vec::new();
+    let mut stream_len = 0i64;
+    let mut next_chunk = 0;
+    let mut publish_next = |published: &mut Vec<EventSpec>, stream_len: &mut i64| {
+        let chunk = chunks[next_chunk];
+        next_chunk += 1;
+        // One event in twenty is delivered twice.
+        let mut stream = chunk.to_vec();
+        stream.extend(chunk.iter().step_by(20).cloned());
+        rt.block_on(publish(&bootstrap, "fills", &stream));
+        published.extend_from_slice(chunk);
+        *stream_len += stream.len() as i64;
+    };
+    publish_next(&mut published, &mut stream_len);
 
     let mut rng = Lcg(0xdead_beef);
-    let mut kills = 0;
-    while kills < 25 {
-        let mut p = Projector::spawn(&run_args(&bootstrap, db.url()), COMMITS);
-        p.wait_for("a committed batch", LIMIT, is_commit);
-        // Let it run a random while longer: the kill lands anywhere in the apply path.
+    for kill in 0..25 {
+        if rt.block_on(committed(&db)).0 + 1_000 >= stream_len {
+            publish_next(&mut published, &mut stream_len);
+        }
+        let before = rt.block_on(committed(&db)).0;
+        let mut p = Projector::spawn(&run_args(&bootstrap, db.url()), LOG);
+        wait_until(
+            &rt,
+            &format!("a commit after restart {kill}"),
+            &mut [&mut p],
+            || rt.block_on(committed(&db)).0,
+            |now| *now > before,
+        );
+        // A random while longer: the kill lands anywhere in the apply path.
         std::thread::sleep(Duration::from_millis(rng.below(150) as u64));
         p.kill();
-        kills += 1;
-        if rt.block_on(committed(&db)).0 >= total {
-            break;
-        }
     }
-    assert!(
-        kills >= 20,
-        "only {kills} kills before the stream ended; make it longer"
-    );
 
-    let mut last = Projector::spawn(&run_args(&bootstrap, db.url()), COMMITS);
-    last.wait_for("start-up", LIMIT, |l| l.contains("projector: consuming"));
-    while rt.block_on(committed(&db)).0 < total {
-        last.wait_for("more commits", LIMIT, is_commit);
-    }
+    let mut last = Projector::spawn(&run_args(&bootstrap, db.url()), LOG);
+    wait_until(
+        &rt,
+        "the last process to reach the end",
+        &mut [&mut last],
+        || rt.block_on(committed(&db)).0,
+        |now| *now >= stream_len,
+    );
     last.signal("TERM");
     let status = last.wait_exit(LIMIT);
     assert!(
         status.success(),
         "SIGTERM exits 0, got {status}; log:\n{}",
-        last.seen.join("\n")
+        last.log()
     );
 
     assert_eq!(
         rt.block_on(view_rows(&db)),
-        rt.block_on(reference_rows(&events))
+        rt.block_on(reference_rows(&published))
     );
     let (next, applied, duplicates) = rt.block_on(committed(&db));
-    assert_eq!(next, total, "every offset committed");
+    assert_eq!(next, stream_len, "every offset committed");
     // Fills create or update one position row each: every distinct event applied once.
-    assert_eq!(applied, events.len() as i64);
+    assert_eq!(applied, published.len() as i64);
     assert_eq!(
         duplicates,
-        (stream.len() - events.len()) as i64,
+        stream_len - published.len() as i64,
         "the duplicates dropped are counted"
     );
-    eprintln!("survived {kills} SIGKILLs");
-}
-
-fn assignment(p: &mut Projector, owned: &mut BTreeSet<i32>) {
-    for line in p.drain() {
-        apply_assignment_line(&line, owned);
-    }
-}
-
-fn apply_assignment_line(line: &str, owned: &mut BTreeSet<i32>) {
-    let parse = |l: &str| -> Vec<i32> {
-        l.split("partitions=[")
-            .nth(1)
-            .and_then(|r| r.split(']').next())
-            .map(|list| {
-                list.split(',')
-                    .filter_map(|x| x.trim().parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    if line.contains("partitions assigned") {
-        owned.extend(parse(line));
-    } else if line.contains("partitions revoked") {
-        for p in parse(line) {
-            owned.remove(&p);
-        }
-    }
 }
 
 #[test]
@@ -185,53 +222,51 @@ fn two_processes_split_the_partitions_and_one_takes_over_when_the_other_dies() {
     let bootstrap = broker.bootstrap_servers();
     let events = fills(80, 120);
     let db = rt.block_on(TestDb::new(&projector_views::registry().expect("registry")));
-    let total = events.len() as i64;
-    let log = COMMITS;
+    let mut chunks = events.chunks(240);
 
-    let mut a = Projector::spawn(&run_args(&bootstrap, db.url()), log);
-    let mut a_owns = BTreeSet::new();
-    let line = a.wait_for("a's first assignment", LIMIT, |l| {
-        l.contains("partitions assigned")
-    });
-    apply_assignment_line(&line, &mut a_owns);
-    let mut b = Projector::spawn(&run_args(&bootstrap, db.url()), log);
-    let mut b_owns = BTreeSet::new();
-    let line = b.wait_for("b's first assignment", LIMIT, |l| {
-        l.contains("partitions assigned")
-    });
-    apply_assignment_line(&line, &mut b_owns);
-    // a gives partitions up to b (cooperative: only the moved ones are revoked, and b's
-    // first assignment may be empty).
-    loop {
-        assignment(&mut a, &mut a_owns);
-        if !b_owns.is_empty() && a_owns.len() + b_owns.len() == 6 && a_owns.is_disjoint(&b_owns) {
-            break;
-        }
-        let line = b.wait_for("b to get partitions", LIMIT, |l| {
-            l.contains("partitions assigned") && !l.contains("partitions=[]")
-        });
-        apply_assignment_line(&line, &mut b_owns);
-    }
-    assert!(
-        !a_owns.is_empty() && !b_owns.is_empty(),
-        "both processes own partitions: {a_owns:?} {b_owns:?}"
+    let mut a = Projector::spawn(&run_args(&bootstrap, db.url()), LOG);
+    let mut b = Projector::spawn(&run_args(&bootstrap, db.url()), LOG);
+    let (a_name, b_name) = (owner_of(&a), owner_of(&b));
+    // Events keep coming until both processes have committed partitions of their own.
+    let mut published = 0i64;
+    let split = wait_until(
+        &rt,
+        "both processes to own partitions",
+        &mut [&mut a, &mut b],
+        || {
+            if rt.block_on(committed(&db)).0 >= published {
+                if let Some(chunk) = chunks.next() {
+                    rt.block_on(publish(&bootstrap, "fills", chunk));
+                    published += chunk.len() as i64;
+                }
+            }
+            rt.block_on(owners(&db))
+        },
+        |owners| {
+            let by = |name: &str| owners.iter().any(|(_, o)| o.as_deref() == Some(name));
+            owners.len() == 6 && by(&a_name) && by(&b_name)
+        },
     );
+    eprintln!("split: {split:?}");
 
-    eprintln!("a owns {a_owns:?}, b owns {b_owns:?}");
-    rt.block_on(publish(&bootstrap, "fills", &events));
     // a dies without a word; b takes every partition.
     a.kill();
-    while b_owns.len() != 6 {
-        let line = b.wait_for("b to take every partition", LIMIT, |l| {
-            l.contains("partitions")
-        });
-        apply_assignment_line(&line, &mut b_owns);
+    for chunk in chunks {
+        rt.block_on(publish(&bootstrap, "fills", chunk));
     }
-    while rt.block_on(committed(&db)).0 < total {
-        b.wait_for("b to commit", LIMIT, |l| {
-            l.contains("batch committed") || l.contains("partitions")
-        });
-    }
+    let total = events.len() as i64;
+    wait_until(
+        &rt,
+        "b to commit every partition to the end",
+        &mut [&mut b],
+        || (rt.block_on(committed(&db)).0, rt.block_on(owners(&db))),
+        |(next, owners)| {
+            *next >= total
+                && owners
+                    .iter()
+                    .all(|(_, o)| o.as_deref() == Some(b_name.as_str()))
+        },
+    );
     b.signal("INT");
     assert!(b.wait_exit(LIMIT).success(), "SIGINT exits 0");
     assert_eq!(

@@ -57,6 +57,7 @@ impl Advance<'_> {
         tx: &Transaction<'_>,
         statement: &tokio_postgres::Statement,
         consumer: &str,
+        owner: &str,
         counts: &Counts,
     ) -> Result<u64, tokio_postgres::Error> {
         let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
@@ -74,6 +75,7 @@ impl Advance<'_> {
                 &as_i64(counts.dead_lettered()),
                 &as_i64(counts.waiting),
                 &as_i64(counts.drained),
+                &owner,
             ],
         )
         .await
@@ -365,7 +367,10 @@ impl Applier {
         let advance = advance.as_ref();
         let advance_offset = |counts: Counts| async move {
             match advance {
-                Some(adv) => adv.run(tx, &advance_stmt, c, &counts).await.map(|n| n == 1),
+                Some(adv) => adv
+                    .run(tx, &advance_stmt, c, &self.owner, &counts)
+                    .await
+                    .map(|n| n == 1),
                 None => Ok(true),
             }
         };

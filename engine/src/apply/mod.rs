@@ -54,6 +54,17 @@ enum Fence {
     Lost(i64),
 }
 
+/// `<host>:<pid>`: who commits, for operators reading `projector.offsets`.
+fn default_owner() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}:{}", std::process::id())
+}
+
 /// The prepared statements that load a batch's accounts.
 struct AccountStatements {
     /// Creates missing progress rows, so that every account can be locked.
@@ -83,6 +94,8 @@ pub struct Applier {
     subscribes: HashSet<String>,
     statement: String,
     metrics: ViewMetrics,
+    /// Recorded on every offset this applier moves (`projector.offsets.committed_by`).
+    owner: String,
 }
 
 impl std::fmt::Debug for Applier {
@@ -121,7 +134,15 @@ impl Applier {
             ordered,
             consumer,
             projection,
+            owner: default_owner(),
         })
+    }
+
+    /// Names the process that commits through this applier (`--instance-id`); by default
+    /// it is `<host>:<pid>`.
+    pub fn owned_by(mut self, owner: impl Into<String>) -> Self {
+        self.owner = owner.into();
+        self
     }
 
     /// The view version's consumer name.

@@ -1,4 +1,6 @@
-//! Running `projector` as a child process, reading its log lines as signals.
+//! Running `projector` as a child process. Tests wait on what the process leaves in
+//! PostgreSQL (committed offsets, who committed them); its log lines are kept only to show
+//! when a test fails.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -68,6 +70,17 @@ impl Projector {
                 }
             }
         }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What the process logged so far (the last lines), for failure messages.
+    pub fn log(&mut self) -> String {
+        self.drain();
+        self.tail()
     }
 
     /// Lines that arrived so far without waiting.
