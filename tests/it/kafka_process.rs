@@ -95,7 +95,6 @@ fn owner_of(p: &Projector) -> String {
 /// the process logs. The poll interval is a sampling rate, not a guess at how long anything
 /// takes.
 fn wait_until<T: std::fmt::Debug>(
-    rt: &tokio::runtime::Runtime,
     what: &str,
     processes: &mut [&mut Projector],
     mut probe: impl FnMut() -> T,
@@ -173,7 +172,6 @@ fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
         let before = rt.block_on(committed(&db)).0;
         let mut p = Projector::spawn(&run_args(&bootstrap, db.url()), LOG);
         wait_until(
-            &rt,
             &format!("a commit after restart {kill}"),
             &mut [&mut p],
             || rt.block_on(committed(&db)).0,
@@ -186,7 +184,6 @@ fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
 
     let mut last = Projector::spawn(&run_args(&bootstrap, db.url()), LOG);
     wait_until(
-        &rt,
         "the last process to reach the end",
         &mut [&mut last],
         || rt.block_on(committed(&db)).0,
@@ -230,7 +227,6 @@ fn two_processes_split_the_partitions_and_one_takes_over_when_the_other_dies() {
     // Events keep coming until both processes have committed partitions of their own.
     let mut published = 0i64;
     let split = wait_until(
-        &rt,
         "both processes to own partitions",
         &mut [&mut a, &mut b],
         || {
@@ -256,7 +252,6 @@ fn two_processes_split_the_partitions_and_one_takes_over_when_the_other_dies() {
     }
     let total = events.len() as i64;
     wait_until(
-        &rt,
         "b to commit every partition to the end",
         &mut [&mut b],
         || (rt.block_on(committed(&db)).0, rt.block_on(owners(&db))),
