@@ -8,8 +8,9 @@ use std::time::Duration;
 use projector_devkit::publish::{publish_lines, PublishConfig};
 use projector_engine::kafka::source::Observer;
 use projector_engine::testkit::EventSpec;
+use projector_engine::Batch;
 
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, oneshot, Notify};
 
 /// Publishes events (JSON lines through `publish_lines`) and returns messages per partition.
 pub async fn publish(bootstrap: &str, topic: &str, events: &[EventSpec]) -> BTreeMap<i32, u64> {
@@ -160,4 +161,85 @@ pub fn config(bootstrap: &str, topic: &str) -> projector_engine::kafka::source::
     ];
     c.max_batch_messages = 250;
     c
+}
+
+/// A batch held in `before_apply` by [`Hold`]; the worker goes on when this is released (or
+/// dropped).
+pub struct Held {
+    pub batch: Batch,
+    release: oneshot::Sender<()>,
+}
+
+impl Held {
+    /// Lets the worker apply the batch.
+    pub fn release(self) {
+        let _ = self.release.send(());
+    }
+}
+
+/// Holds the first batch `when` picks in `before_apply`, hands it to the test and waits
+/// until the test releases it: a worker stopped at a chosen instant, with a chosen batch in
+/// its hands. Everything else goes to `progress`.
+pub struct Hold {
+    pub progress: std::sync::Arc<Progress>,
+    when: Box<dyn Fn(&Batch) -> bool + Send + Sync>,
+    /// Taken by the first batch held: only one is.
+    to_test: Mutex<Option<mpsc::UnboundedSender<Held>>>,
+}
+
+impl Hold {
+    /// The observer, and where the test receives the held batch.
+    pub fn new(
+        progress: std::sync::Arc<Progress>,
+        when: impl Fn(&Batch) -> bool + Send + Sync + 'static,
+    ) -> (std::sync::Arc<Self>, mpsc::UnboundedReceiver<Held>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let hold = Self {
+            progress,
+            when: Box::new(when),
+            to_test: Mutex::new(Some(tx)),
+        };
+        (std::sync::Arc::new(hold), rx)
+    }
+}
+
+#[async_trait::async_trait]
+impl Observer for Hold {
+    async fn before_apply(&self, _consumer: &str, batch: &Batch) {
+        let to_test = if (self.when)(batch) {
+            self.to_test.lock().expect("lock").take()
+        } else {
+            None
+        };
+        if let Some(to_test) = to_test {
+            let (release, released) = oneshot::channel();
+            let held = Held {
+                batch: batch.clone(),
+                release,
+            };
+            if to_test.send(held).is_ok() {
+                let _ = released.await;
+            }
+        }
+    }
+    fn committed(&self, c: &str, partition: i32, next_offset: i64) {
+        self.progress.committed(c, partition, next_offset);
+    }
+    fn fenced(&self, c: &str, partition: i32, start: i64, stored: i64) {
+        self.progress.fenced(c, partition, start, stored);
+    }
+    fn assigned(&self, c: &str, partitions: &[i32]) {
+        self.progress.assigned(c, partitions);
+    }
+    fn revoked(&self, c: &str, partitions: &[i32]) {
+        self.progress.revoked(c, partitions);
+    }
+}
+
+/// Waits for the batch a [`Hold`] holds, or panics after `timeout`.
+pub async fn held(rx: &mut mpsc::UnboundedReceiver<Held>, timeout: Duration) -> Held {
+    tokio::time::timeout(timeout, rx.recv())
+        .await
+        .expect("timed out waiting for the worker to reach the batch to hold")
+        .expect("the observer is gone")
 }
