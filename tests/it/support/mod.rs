@@ -3,6 +3,7 @@
 
 pub mod kafka;
 pub mod process;
+pub mod proxy;
 
 use projector_engine::testkit::{fill, EventSpec};
 use projector_engine::{ApplySql, DedupMode, Projection};
@@ -147,6 +148,18 @@ pub async fn rows(client: &deadpool_postgres::Client, table: &str) -> Vec<String
         .iter()
         .map(|r| r.get(0))
         .collect()
+}
+
+/// `url` with the session options `-c name=value ...` in its `options` parameter, percent-
+/// encoded as libpq and tokio-postgres read it. The engine adds its own defaults only for
+/// settings the options leave out (`projector_engine::db::pool`).
+pub fn with_options(url: &str, settings: &[(&str, &str)]) -> String {
+    let options: Vec<String> = settings
+        .iter()
+        .map(|(name, value)| format!("-c%20{name}%3D{value}"))
+        .collect();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}options={}", options.join("%20"))
 }
 
 /// A view version's offset rows, summed over partitions.
