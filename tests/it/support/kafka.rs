@@ -9,6 +9,8 @@ use projector_devkit::publish::{publish_lines, PublishConfig};
 use projector_engine::kafka::source::Observer;
 use projector_engine::testkit::EventSpec;
 use projector_engine::Batch;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use tokio::sync::{mpsc, oneshot, Notify};
 
@@ -24,6 +26,55 @@ pub async fn publish(bootstrap: &str, topic: &str, events: &[EventSpec]) -> BTre
         .expect("publish");
     assert_eq!(report.sent, events.len() as u64);
     report.partitions
+}
+
+/// A message as it goes on the wire, poison included: the key, and the value's bytes.
+pub type Raw = (Option<Vec<u8>>, Vec<u8>);
+
+/// Publishes raw messages, in order, with the producer settings of `projector publish` (the
+/// Java client's partitioner, idempotence, acks=all) but none of its checks, so poison
+/// reaches the topic. Returns where each message landed: (partition, offset).
+pub async fn publish_raw(bootstrap: &str, topic: &str, messages: &[Raw]) -> Vec<(i32, i64)> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("partitioner", "murmur2_random")
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .create()
+        .expect("producer");
+    let mut deliveries = Vec::with_capacity(messages.len());
+    for (key, payload) in messages {
+        let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(&payload[..]);
+        if let Some(key) = key {
+            record = record.key(&key[..]);
+        }
+        deliveries.push(
+            producer
+                .send_result(record)
+                .map_err(|(e, _)| e)
+                .expect("queue"),
+        );
+    }
+    let mut landed = Vec::with_capacity(deliveries.len());
+    for d in deliveries {
+        let delivery = d
+            .await
+            .expect("delivery report")
+            .map_err(|(e, _)| e)
+            .expect("delivered");
+        landed.push((delivery.partition, delivery.offset));
+    }
+    landed
+}
+
+/// The end offset of each partition after messages landed where `landed` says.
+pub fn ends_of(landed: &[(i32, i64)]) -> BTreeMap<i32, u64> {
+    let mut ends = BTreeMap::new();
+    for &(partition, offset) in landed {
+        let end = ends.entry(partition).or_insert(0u64);
+        *end = (*end).max(offset as u64 + 1);
+    }
+    ends
 }
 
 /// Adds per-partition counts.
