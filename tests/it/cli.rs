@@ -1,10 +1,13 @@
 //! The binary's promises about connections: TLS follows `sslmode`, secrets never reach the
-//! output, and mistakes are one line.
+//! output, a frozen transaction cannot hold a partition for ever, and mistakes are one line.
 
 use std::process::Command;
+use std::sync::Arc;
 
-use projector_engine::testkit::TestDb;
-use projector_engine::Registry;
+use crate::support::{fills, rows, trail_fold, with_options, Trail};
+use projector_engine::testkit::{Partition, TestDb};
+use projector_engine::{Applier, Registry, SourceOrdering};
+use tokio_postgres::error::SqlState;
 
 fn with_query(url: &str, query: &str) -> String {
     format!("{url}?{query}")
@@ -94,15 +97,67 @@ fn unknown_arguments_get_one_line() {
     assert!(stderr.contains("--brokres"), "{stderr}");
 }
 
+/// A process frozen inside a batch (SIGSTOP, a VM pause) holds its partition's offset row
+/// lock; engine sessions set `idle_in_transaction_session_timeout`, so the server ends the
+/// frozen transaction and the next writer of the partition commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_transaction_cannot_hold_a_partition_for_ever() {
-    let db = TestDb::new(&Registry::new()).await;
-    let timeout: String = db
-        .client()
+    let registry = Registry::new().register(Trail::new(1)).expect("registry");
+    let db = TestDb::new(&registry).await;
+    let applier =
+        Applier::new(Arc::new(Trail::new(1)), SourceOrdering::PerAccount).expect("applier");
+    let log = Partition::from_events("fills", 0, &fills(5, 4));
+    let mut writer = db.client().await;
+    applier
+        .apply(&mut writer, &log.batch(0, 10))
         .await
+        .expect("the first batch");
+
+    // Unless the URL's options say otherwise, an engine session gives up after a minute.
+    let default: String = writer
         .query_one("SHOW idle_in_transaction_session_timeout", &[])
         .await
         .expect("show")
         .get(0);
-    assert_eq!(timeout, "1min");
+    assert_eq!(default, "1min");
+
+    // A writer freezes while it holds the partition: it locked the offset row, then stopped.
+    let short = with_options(db.url(), &[("idle_in_transaction_session_timeout", "1000")]);
+    let frozen_pool = projector_engine::db::pool(&short, 1).expect("pool");
+    let frozen = frozen_pool.get().await.expect("session");
+    frozen
+        .batch_execute(
+            "BEGIN; SELECT next_offset FROM projector.offsets \
+             WHERE consumer = 'trail_v1' AND topic = 'fills' AND partition = 0 FOR UPDATE",
+        )
+        .await
+        .expect("lock the partition");
+    let held = writer
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM projector.offsets WHERE consumer = 'trail_v1' FOR UPDATE NOWAIT",
+        )
+        .await
+        .expect_err("the frozen session holds the offset row");
+    assert_eq!(
+        held.as_db_error().map(|e| e.code().clone()),
+        Some(SqlState::LOCK_NOT_AVAILABLE)
+    );
+    writer.batch_execute("ROLLBACK").await.expect("rollback");
+
+    // The next writer waits for the row (its statement timeout is longer), and commits once
+    // the server has ended the frozen transaction.
+    let outcome = applier
+        .apply(&mut writer, &log.batch(10, 10))
+        .await
+        .expect("the next writer commits");
+    assert_eq!(outcome.next_offset, 20);
+    assert!(
+        frozen.simple_query("SELECT 1").await.is_err(),
+        "the server closed the frozen session"
+    );
+    assert_eq!(
+        rows(&writer, "trail_v1").await,
+        trail_fold(&fills(5, 4)),
+        "both batches applied, once"
+    );
 }

@@ -226,6 +226,13 @@ impl<'b> Work<'b> {
                     Verdict::Wait => Disposition::Waiting,
                 };
             }
+            // An event that waited for an earlier seq of this same batch left with it: it is
+            // applied now, not waiting (nor counted as both).
+            for &(_, item) in &plan.emitted {
+                if let Item::Batch(i) = item {
+                    self.dispositions[i] = Disposition::Applied;
+                }
+            }
             self.accounts.push(AccountWork {
                 account_id,
                 initial,
@@ -500,6 +507,17 @@ mod tests {
         assert_eq!(w.repeated, [Item::Batch(1)].into());
         assert_eq!(w.counts.dup_inbox, 1);
         assert_eq!(w.dispositions[1], Disposition::Duplicate);
+    }
+
+    #[test]
+    fn a_gap_filled_within_the_batch_leaves_nothing_waiting() {
+        let b = batch(&[f(1, 2), f(1, 3), f(1, 1)]);
+        let mut w = Work::new(&b, decoded(&b));
+        w.sequence(HashMap::new(), true);
+        w.settle(true, &all);
+        assert_eq!(w.dispositions, [Disposition::Applied; 3]);
+        assert_eq!((w.counts.waiting, w.counts.drained), (0, 0));
+        assert_eq!(w.accounts[0].blocked_seq(), None);
     }
 
     #[test]

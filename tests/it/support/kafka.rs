@@ -8,8 +8,11 @@ use std::time::Duration;
 use projector_devkit::publish::{publish_lines, PublishConfig};
 use projector_engine::kafka::source::Observer;
 use projector_engine::testkit::EventSpec;
+use projector_engine::Batch;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, oneshot, Notify};
 
 /// Publishes events (JSON lines through `publish_lines`) and returns messages per partition.
 pub async fn publish(bootstrap: &str, topic: &str, events: &[EventSpec]) -> BTreeMap<i32, u64> {
@@ -23,6 +26,55 @@ pub async fn publish(bootstrap: &str, topic: &str, events: &[EventSpec]) -> BTre
         .expect("publish");
     assert_eq!(report.sent, events.len() as u64);
     report.partitions
+}
+
+/// A message as it goes on the wire, poison included: the key, and the value's bytes.
+pub type Raw = (Option<Vec<u8>>, Vec<u8>);
+
+/// Publishes raw messages, in order, with the producer settings of `projector publish` (the
+/// Java client's partitioner, idempotence, acks=all) but none of its checks, so poison
+/// reaches the topic. Returns where each message landed: (partition, offset).
+pub async fn publish_raw(bootstrap: &str, topic: &str, messages: &[Raw]) -> Vec<(i32, i64)> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("partitioner", "murmur2_random")
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .create()
+        .expect("producer");
+    let mut deliveries = Vec::with_capacity(messages.len());
+    for (key, payload) in messages {
+        let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(&payload[..]);
+        if let Some(key) = key {
+            record = record.key(&key[..]);
+        }
+        deliveries.push(
+            producer
+                .send_result(record)
+                .map_err(|(e, _)| e)
+                .expect("queue"),
+        );
+    }
+    let mut landed = Vec::with_capacity(deliveries.len());
+    for d in deliveries {
+        let delivery = d
+            .await
+            .expect("delivery report")
+            .map_err(|(e, _)| e)
+            .expect("delivered");
+        landed.push((delivery.partition, delivery.offset));
+    }
+    landed
+}
+
+/// The end offset of each partition after messages landed where `landed` says.
+pub fn ends_of(landed: &[(i32, i64)]) -> BTreeMap<i32, u64> {
+    let mut ends = BTreeMap::new();
+    for &(partition, offset) in landed {
+        let end = ends.entry(partition).or_insert(0u64);
+        *end = (*end).max(offset as u64 + 1);
+    }
+    ends
 }
 
 /// Adds per-partition counts.
@@ -160,4 +212,85 @@ pub fn config(bootstrap: &str, topic: &str) -> projector_engine::kafka::source::
     ];
     c.max_batch_messages = 250;
     c
+}
+
+/// A batch held in `before_apply` by [`Hold`]; the worker goes on when this is released (or
+/// dropped).
+pub struct Held {
+    pub batch: Batch,
+    release: oneshot::Sender<()>,
+}
+
+impl Held {
+    /// Lets the worker apply the batch.
+    pub fn release(self) {
+        let _ = self.release.send(());
+    }
+}
+
+/// Holds the first batch `when` picks in `before_apply`, hands it to the test and waits
+/// until the test releases it: a worker stopped at a chosen instant, with a chosen batch in
+/// its hands. Everything else goes to `progress`.
+pub struct Hold {
+    pub progress: std::sync::Arc<Progress>,
+    when: Box<dyn Fn(&Batch) -> bool + Send + Sync>,
+    /// Taken by the first batch held: only one is.
+    to_test: Mutex<Option<mpsc::UnboundedSender<Held>>>,
+}
+
+impl Hold {
+    /// The observer, and where the test receives the held batch.
+    pub fn new(
+        progress: std::sync::Arc<Progress>,
+        when: impl Fn(&Batch) -> bool + Send + Sync + 'static,
+    ) -> (std::sync::Arc<Self>, mpsc::UnboundedReceiver<Held>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let hold = Self {
+            progress,
+            when: Box::new(when),
+            to_test: Mutex::new(Some(tx)),
+        };
+        (std::sync::Arc::new(hold), rx)
+    }
+}
+
+#[async_trait::async_trait]
+impl Observer for Hold {
+    async fn before_apply(&self, _consumer: &str, batch: &Batch) {
+        let to_test = if (self.when)(batch) {
+            self.to_test.lock().expect("lock").take()
+        } else {
+            None
+        };
+        if let Some(to_test) = to_test {
+            let (release, released) = oneshot::channel();
+            let held = Held {
+                batch: batch.clone(),
+                release,
+            };
+            if to_test.send(held).is_ok() {
+                let _ = released.await;
+            }
+        }
+    }
+    fn committed(&self, c: &str, partition: i32, next_offset: i64) {
+        self.progress.committed(c, partition, next_offset);
+    }
+    fn fenced(&self, c: &str, partition: i32, start: i64, stored: i64) {
+        self.progress.fenced(c, partition, start, stored);
+    }
+    fn assigned(&self, c: &str, partitions: &[i32]) {
+        self.progress.assigned(c, partitions);
+    }
+    fn revoked(&self, c: &str, partitions: &[i32]) {
+        self.progress.revoked(c, partitions);
+    }
+}
+
+/// Waits for the batch a [`Hold`] holds, or panics after `timeout`.
+pub async fn held(rx: &mut mpsc::UnboundedReceiver<Held>, timeout: Duration) -> Held {
+    tokio::time::timeout(timeout, rx.recv())
+        .await
+        .expect("timed out waiting for the worker to reach the batch to hold")
+        .expect("the observer is gone")
 }

@@ -3,6 +3,7 @@
 
 pub mod kafka;
 pub mod process;
+pub mod proxy;
 
 use projector_engine::testkit::{fill, EventSpec};
 use projector_engine::{ApplySql, DedupMode, Projection};
@@ -147,4 +148,62 @@ pub async fn rows(client: &deadpool_postgres::Client, table: &str) -> Vec<String
         .iter()
         .map(|r| r.get(0))
         .collect()
+}
+
+/// `url` with the session options `-c name=value ...` in its `options` parameter, percent-
+/// encoded as libpq and tokio-postgres read it. The engine adds its own defaults only for
+/// settings the options leave out (`projector_engine::db::pool`).
+pub fn with_options(url: &str, settings: &[(&str, &str)]) -> String {
+    let options: Vec<String> = settings
+        .iter()
+        .map(|(name, value)| format!("-c%20{name}%3D{value}"))
+        .collect();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}options={}", options.join("%20"))
+}
+
+/// A view version's offset rows, summed over partitions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Offsets {
+    /// `next_offset` per partition.
+    pub next: std::collections::BTreeMap<i32, i64>,
+    pub applied: i64,
+    pub ignored: i64,
+    pub duplicates: i64,
+    pub dead_lettered: i64,
+    pub waiting: i64,
+    pub drained: i64,
+}
+
+impl Offsets {
+    /// The messages the counters account for: each consumed message is counted once as
+    /// applied, ignored, duplicate, dead-lettered or waiting, and a waiting one again (in
+    /// what became of it) when it drains.
+    pub fn accounted(&self) -> i64 {
+        self.applied + self.ignored + self.duplicates + self.dead_lettered + self.waiting
+            - self.drained
+    }
+}
+
+/// Reads a view version's offset rows.
+pub async fn offsets(client: &deadpool_postgres::Client, consumer: &str) -> Offsets {
+    let rows = client
+        .query(
+            "SELECT partition, next_offset, applied, ignored, duplicates, dead_lettered, waiting, drained \
+             FROM projector.offsets WHERE consumer = $1",
+            &[&consumer],
+        )
+        .await
+        .expect("offsets");
+    let mut o = Offsets::default();
+    for r in rows {
+        o.next.insert(r.get(0), r.get(1));
+        o.applied += r.get::<_, i64>(2);
+        o.ignored += r.get::<_, i64>(3);
+        o.duplicates += r.get::<_, i64>(4);
+        o.dead_lettered += r.get::<_, i64>(5);
+        o.waiting += r.get::<_, i64>(6);
+        o.drained += r.get::<_, i64>(7);
+    }
+    o
 }
