@@ -366,6 +366,7 @@ mod tests {
     use super::*;
     use rdkafka::consumer::StreamConsumer;
     use rdkafka::producer::{FutureProducer, FutureRecord};
+    use rdkafka::types::RDKafkaErrorCode;
 
     fn assert_send_sync<T: Send + Sync>() {}
 
@@ -446,20 +447,91 @@ mod tests {
         );
     }
 
-    #[test]
-    fn fault_injection_passes_through() {
+    /// Produces one value to `f`/0 and returns its offset, or the delivery error.
+    async fn produce(producer: &FutureProducer, value: &str) -> Result<i64, KafkaError> {
+        producer
+            .send_result(FutureRecord::to("f").partition(0).key("k").payload(value))
+            .map_err(|(e, _)| e)?
+            .await
+            .expect("not cancelled")
+            .map(|delivery| delivery.offset)
+            .map_err(|(e, _)| e)
+    }
+
+    /// Injected errors and a broker outage reach a client, and the cluster recovers from
+    /// each: after the queued error is used up, after the queue is cleared, after the broker
+    /// is up again. Only the deliveries that succeeded are in the topic.
+    #[tokio::test]
+    async fn injected_faults_reach_clients_and_clear() {
         let broker = DevBroker::start(2, &[("f", 1)]).expect("start");
+        // Without retries (and so without idempotence) a failed produce request fails the
+        // delivery with the broker's error instead of being retried until it succeeds.
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", broker.bootstrap_servers())
+            .set("enable.idempotence", "false")
+            .set("retries", "0")
+            .set("acks", "1")
+            .set("message.timeout.ms", "1000")
+            .set("reconnect.backoff.max.ms", "200")
+            .create()
+            .expect("producer");
+
         broker
             .request_errors(
                 RDKafkaApiKey::Produce,
-                &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION],
+                &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS],
+            )
+            .expect("push an error");
+        let refused = produce(&producer, "refused").await;
+        assert!(
+            matches!(
+                refused,
+                Err(KafkaError::MessageProduction(
+                    RDKafkaErrorCode::NotEnoughReplicas
+                ))
+            ),
+            "the injected error reaches the producer: {refused:?}"
+        );
+        assert_eq!(
+            produce(&producer, "a").await.expect("the error is used up"),
+            0
+        );
+
+        broker
+            .request_errors(
+                RDKafkaApiKey::Produce,
+                &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 2],
             )
             .expect("push errors");
         broker
             .clear_request_errors(RDKafkaApiKey::Produce)
             .expect("clear");
-        broker.broker_down(2).expect("down");
-        broker.broker_up(2).expect("up");
+        assert_eq!(produce(&producer, "b").await.expect("cleared"), 1);
+
+        let metadata = producer
+            .client()
+            .fetch_metadata(Some("f"), Duration::from_secs(10))
+            .expect("metadata");
+        let leader = metadata.topics()[0].partitions()[0].leader();
+        broker.broker_down(leader).expect("down");
+        let lost = produce(&producer, "lost").await;
+        assert!(
+            lost.is_err(),
+            "a produce to a partition whose leader is down fails: {lost:?}"
+        );
+        broker.broker_up(leader).expect("up");
+        assert_eq!(
+            produce(&producer, "c").await.expect("the leader is back"),
+            2
+        );
+
+        let values: Vec<Vec<u8>> = broker
+            .read_topic("f", Duration::from_secs(10))
+            .expect("read")
+            .into_iter()
+            .map(|m| m.payload)
+            .collect();
+        assert_eq!(values, [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
         assert!(broker.broker_down(7).is_err(), "no broker 7");
     }
 }

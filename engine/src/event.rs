@@ -239,7 +239,83 @@ pub fn check_data(event: &Event) -> Result<(), DecodeError> {
     Storable
         .deserialize(&mut de)
         .and_then(|()| de.end())
-        .map_err(|e| field("data", format!("cannot be stored as jsonb: {e}")))
+        .map_err(|e| field("data", format!("cannot be stored as jsonb: {e}")))?;
+    numbers_fit_jsonb(data)
+}
+
+/// Decimal places a number in `jsonb` may be written with: its numbers are `numeric`, whose
+/// display scale stops at 16383.
+const MAX_JSONB_DECIMAL_PLACES: i64 = 16_383;
+/// The exponent from which PostgreSQL's `numeric` input refuses a number, zero included
+/// (`INT_MAX / 2`).
+const MAX_JSONB_EXPONENT: i64 = 1_073_741_823;
+
+/// Refuses a number in `json` (text known to be valid JSON) that `f64` holds but `jsonb`
+/// does not: written with more than [`MAX_JSONB_DECIMAL_PLACES`] decimal places (`1e-16384`
+/// or `0.1e-16383`, which serde_json reads as 0), or with an exponent of
+/// [`MAX_JSONB_EXPONENT`] or more (`0e1073741823`). Numbers too large for `jsonb` are too
+/// large for `f64` first, and [`Storable`] refuses those.
+fn numbers_fit_jsonb(json: &str) -> Result<(), DecodeError> {
+    let bytes = json.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                // A string: skip to its closing quote; a backslash escapes the next byte.
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < bytes.len()
+                    && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                check_jsonb_number(&json[start..i])?;
+            }
+            _ => i += 1,
+        }
+    }
+    Ok(())
+}
+
+/// One JSON number against `numeric`'s input limits, judged from its text as PostgreSQL
+/// does: decimal places are those written minus the exponent.
+fn check_jsonb_number(number: &str) -> Result<(), DecodeError> {
+    let (mantissa, exponent) = match number.find(['e', 'E']) {
+        Some(i) => (&number[..i], &number[i + 1..]),
+        None => (number, ""),
+    };
+    let written = mantissa.split_once('.').map_or(0, |(_, f)| f.len());
+    let (negative, digits) = match exponent.strip_prefix('-') {
+        Some(digits) => (true, digits),
+        None => (false, exponent.strip_prefix('+').unwrap_or(exponent)),
+    };
+    // Saturating: an exponent of any length is judged without being parsed.
+    let magnitude = digits
+        .bytes()
+        .filter(u8::is_ascii_digit)
+        .fold(0i64, |n, d| {
+            n.saturating_mul(10).saturating_add(i64::from(d - b'0'))
+        });
+    let exponent = if negative { -magnitude } else { magnitude };
+    let places = i64::try_from(written)
+        .unwrap_or(i64::MAX)
+        .saturating_sub(exponent);
+    if exponent >= MAX_JSONB_EXPONENT || places > MAX_JSONB_DECIMAL_PLACES {
+        return Err(field(
+            "data",
+            format!(
+                "cannot be stored as jsonb: the number {} is beyond PostgreSQL's numeric (at most {MAX_JSONB_DECIMAL_PLACES} decimal places)",
+                safe_text(number, 64)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// What a poison message's envelope still yields, for the dead-letter row: an operator must
@@ -692,6 +768,25 @@ mod tests {
             ),
             (envelope("a", "custom", r#"{"k\u0000":1}"#), "NUL"),
             (envelope("a", "custom", r#"{"big":1e400}"#), "jsonb"),
+            // serde_json reads these as 0; jsonb's numeric refuses them.
+            (envelope("a", "custom", r#"{"tiny":1e-16384}"#), "jsonb"),
+            (
+                envelope("a", "custom", r#"{"n":[1,{"t":0.1e-16383}]}"#),
+                "jsonb",
+            ),
+            (envelope("a", "custom", r#"{"zero":0E1073741823}"#), "jsonb"),
+            (
+                envelope("a", "custom", r#"{"z":1e-99999999999999999999}"#),
+                "jsonb",
+            ),
+            (
+                envelope(
+                    "a",
+                    FILL_EXECUTED,
+                    r#"{"symbol":"X","side":"buy","qty":"1","price":"1","note":1e-16384}"#,
+                ),
+                "jsonb",
+            ),
             (
                 envelope(
                     "a",
@@ -710,6 +805,19 @@ mod tests {
         }
         let huge = Message::new(0, None, vec![b' '; MAX_PAYLOAD_BYTES + 1]);
         assert!(matches!(decode(&huge), Err(DecodeError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn numbers_at_the_edge_of_jsonb_are_stored() {
+        // Exactly 16383 places, a zero with a large exponent, and numbers inside strings
+        // (not numbers at all) are what PostgreSQL accepts.
+        let ev = decode(&msg(&envelope(
+            "a",
+            "custom",
+            r#"{"a":1e-16383,"b":0.5e-16382,"c":0e1073741822,"d":"1e-99999","e\"1e-99999":-12.5E+3}"#,
+        )))
+        .expect("storable");
+        assert!(ev.data.contains("1e-16383"));
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod support;
 
 mod bench_smoke;
 mod cli;
+mod engine_arbitrary;
 mod engine_conformance;
 mod engine_fencing;
 mod engine_hardening;

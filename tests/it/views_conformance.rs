@@ -454,7 +454,7 @@ async fn conforms_and_equals_the_fold(
     assert_eq!(read(&client, &*view, sql).await, expected);
 
     let report = conformance::run(factory, events).await;
-    assert_eq!(report.schedules.len(), 8);
+    assert_eq!(report.schedules.len(), conformance::SCHEDULES.len());
     assert_eq!(report.rows, dump(&client, &*view).await);
 }
 

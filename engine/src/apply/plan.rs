@@ -226,8 +226,8 @@ impl<'b> Work<'b> {
                     Verdict::Wait => Disposition::Waiting,
                 };
             }
-            // An event that waited for an earlier seq of this same batch left with it: it is
-            // applied now, not waiting (nor counted as both).
+            // An event that came before the `seq` it waits for, in this same batch, leaves
+            // with it: it is emitted, not left waiting, whatever its verdict said on arrival.
             for &(_, item) in &plan.emitted {
                 if let Item::Batch(i) = item {
                     self.dispositions[i] = Disposition::Applied;
@@ -561,6 +561,23 @@ mod tests {
         assert_eq!(w.counts.dup_seq, 2);
         let indexes: Vec<usize> = w.conflicts.iter().map(|c| c.index).collect();
         assert_eq!(indexes, [2, 3]);
+    }
+
+    #[test]
+    fn an_event_that_waits_for_a_seq_later_in_the_batch_leaves_with_it() {
+        let b = batch(&[f(1, 2), f(1, 4), f(1, 1), f(1, 3), f(1, 6)]);
+        let mut w = Work::new(&b, decoded(&b));
+        w.sequence(HashMap::new(), true);
+        w.settle(true, &all);
+        use Disposition::*;
+        assert_eq!(
+            w.dispositions,
+            [Applied, Applied, Applied, Applied, Waiting],
+            "2 and 4 arrived early but left in this batch; 6 waits for 5"
+        );
+        // Every message counted once: 4 applied by the statement, 1 waiting.
+        assert_eq!((w.counts.waiting, w.counts.drained), (1, 0));
+        assert_eq!(w.accounts[0].blocked_seq(), Some(5));
     }
 
     #[test]

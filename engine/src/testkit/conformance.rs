@@ -1,15 +1,39 @@
 //! The conformance suite: every projection, built in or plugin, must give the same rows
-//! however its events are delivered.
+//! however its events are delivered, and the engine must account for every message.
 //!
-//! Each delivery schedule runs against its own version of the view (its own consumer name,
-//! inbox rows, offsets and tables) in one database, and every version must end with rows
-//! identical to the version fed each event exactly once. That also proves the inbox key
+//! Each delivery [`Schedule`] runs against its own version of the view (its own consumer
+//! name, inbox rows, offsets and tables) in one database, and every version must end with
+//! rows identical to the version fed each event exactly once. That also proves the inbox key
 //! includes the consumer: with `event_id` alone, every version after the first would stay
 //! empty.
+//!
+//! Rows alone would let a broken engine pass (an event dead-lettered by every schedule, or
+//! one left waiting for ever, leaves the rows equal), so each schedule's outcome is checked
+//! too, against what the log it delivered must produce:
+//!
+//! - at the end, no dead letters but the poison the schedule planted (with its exact bytes),
+//!   no parked accounts and no waiting events for the view version;
+//! - every offset of the log has exactly one disposition among the committed batches, and
+//!   it is the one the delivery implies (for example: an order-dependent view makes an
+//!   event wait exactly when an earlier `seq` of its account comes in a later batch; an
+//!   order-independent view never makes anything wait);
+//! - each committed batch's counts add up to its messages, their sums equal the counters in
+//!   `projector.offsets`, which add up to the messages delivered;
+//! - `applied` is the number of distinct events of subscribed types. A view using the version
+//!   filter counts an event whose statement wrote no row as a version-filter duplicate, so
+//!   there `applied + dup_version_filter` is that number, and `dup_version_filter` is the
+//!   same in every schedule;
+//! - `ignored` is the number of distinct events of other types for an order-dependent view.
+//!   An order-independent view does not track `seq` (only the inbox, which holds subscribed
+//!   events only, knows an event), so there every delivered copy of such an event is ignored.
+//!
+//! Adding a schedule is one entry in [`SCHEDULES`]: a name, a version, the log it delivers
+//! ([`Log`]) and how it consumes it ([`Delivery`]).
 
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use crate::apply::Applier;
+use crate::apply::{Applier, BatchOutcome, Counts, Disposition};
 use crate::projection::{render, Projection, Registry, SourceOrdering};
 use crate::testkit::{consume, consume_with_crashes, EventSpec, Lcg, Partition, TestDb};
 
@@ -19,13 +43,158 @@ pub type Factory = Arc<dyn Fn(i32) -> Arc<dyn Projection> + Send + Sync>;
 /// The rows of one view version: per table (in `tables()` order), each row as text, sorted.
 pub type Rows = Vec<Vec<String>>;
 
+/// The topic every schedule's log is on (partition 0).
+const TOPIC: &str = "conformance";
+
+/// One way of delivering the stream: the log a producer wrote, and how consumers read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    /// What the schedule does, for reports and failure messages.
+    pub name: &'static str,
+    /// The view version it runs against: its own tables, inbox rows, offsets and dead letters.
+    pub version: i32,
+    /// The messages on the partition.
+    pub log: Log,
+    /// How they are consumed.
+    pub delivery: Delivery,
+}
+
+/// The messages a schedule puts on its partition, built from the stream under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Log {
+    /// Every event once, in stream order.
+    Once,
+    /// The whole stream `n` times over, each copy at new offsets (a producer republishing).
+    Repeated(usize),
+    /// Each event `n` times in a row (a producer retrying without idempotence).
+    EachRepeated(usize),
+    /// Every event once, and after about one in three a copy of a random earlier one.
+    InterleavedDuplicates,
+    /// Every event once, each account's events out of `seq` order within the partition: in
+    /// turn, two adjacent events swapped, then a block of four reversed (`2,1,6,5,4,3,8,7,..`).
+    /// The other accounts' events keep their places.
+    Reordered,
+    /// Every event once, with poison planted first, in the middle and last: bytes that are
+    /// not UTF-8, a truncated envelope, and a JSON array. Each must be dead-lettered with its
+    /// bytes, and nothing else.
+    Poisoned,
+}
+
+/// How a schedule's partition is consumed. Every consumer resumes from the offset stored in
+/// PostgreSQL, as the Kafka source does after every assignment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Delivery {
+    /// One consumer, batches of up to `n` messages.
+    Batches(usize),
+    /// One consumer, batches of up to `len`; attempts 1, 1 + `every`, 1 + 2 × `every`, ...
+    /// crash between apply and commit, so their batch is delivered again.
+    Crashing {
+        /// Messages per batch.
+        len: usize,
+        /// One attempt in `every` crashes.
+        every: usize,
+    },
+    /// One consumer, the whole log in one batch.
+    WholeLog,
+    /// `n` consumers of the partition at once (batches of 3, 5, 7, ...): all but one are
+    /// fenced at every step, and every offset is committed once.
+    ConcurrentWriters(usize),
+}
+
+/// Every schedule the suite runs, in order. The first is the reference: each event once.
+pub const SCHEDULES: [Schedule; 11] = [
+    Schedule {
+        name: "once",
+        version: 1,
+        log: Log::Once,
+        delivery: Delivery::Batches(7),
+    },
+    Schedule {
+        name: "twice (republished at new offsets)",
+        version: 2,
+        log: Log::Repeated(2),
+        delivery: Delivery::Batches(7),
+    },
+    Schedule {
+        name: "five times each",
+        version: 3,
+        log: Log::EachRepeated(5),
+        delivery: Delivery::Batches(7),
+    },
+    Schedule {
+        name: "interleaved duplicates",
+        version: 4,
+        log: Log::InterleavedDuplicates,
+        delivery: Delivery::Batches(7),
+    },
+    Schedule {
+        name: "crash between apply and commit",
+        version: 5,
+        log: Log::Once,
+        delivery: Delivery::Crashing { len: 5, every: 3 },
+    },
+    Schedule {
+        name: "one event per batch",
+        version: 6,
+        log: Log::Once,
+        delivery: Delivery::Batches(1),
+    },
+    Schedule {
+        name: "the whole stream in one batch",
+        version: 7,
+        log: Log::Once,
+        delivery: Delivery::WholeLog,
+    },
+    Schedule {
+        name: "three concurrent writers",
+        version: 8,
+        log: Log::Repeated(2),
+        delivery: Delivery::ConcurrentWriters(3),
+    },
+    Schedule {
+        name: "reordered, one event per batch",
+        version: 9,
+        log: Log::Reordered,
+        delivery: Delivery::Batches(1),
+    },
+    Schedule {
+        name: "reordered, in batches of five",
+        version: 10,
+        log: Log::Reordered,
+        delivery: Delivery::Batches(5),
+    },
+    Schedule {
+        name: "poison between the events",
+        version: 11,
+        log: Log::Poisoned,
+        delivery: Delivery::Batches(7),
+    },
+];
+
 /// What the suite saw.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Report {
     /// The rows every schedule produced.
     pub rows: Rows,
-    /// The schedules that ran.
-    pub schedules: Vec<&'static str>,
+    /// What each schedule delivered and what the engine counted, in [`SCHEDULES`] order.
+    pub schedules: Vec<ScheduleReport>,
+}
+
+/// One schedule's run.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ScheduleReport {
+    /// The schedule.
+    pub schedule: Schedule,
+    /// The view version's consumer name.
+    pub consumer: String,
+    /// Messages on the partition, every one of them consumed.
+    pub messages: u64,
+    /// The committed batches' counts, summed (equal to the counters in `projector.offsets`).
+    pub counts: Counts,
 }
 
 /// Reads all rows of version `view`'s tables.
@@ -42,81 +211,33 @@ pub async fn dump(client: &deadpool_postgres::Client, view: &dyn Projection) -> 
     out
 }
 
-/// Runs every schedule for the view built by `factory` over `events` (in per-account `seq`
-/// order, one partition) and asserts identical rows. Returns the rows for further checks
-/// (golden rows, a fold computed by the test).
+/// Runs every schedule of [`SCHEDULES`] for the view built by `factory` over `events`, and
+/// asserts identical rows and each schedule's outcome (see the module documentation).
+/// Returns the rows for further checks (golden rows, a fold computed by the test).
+///
+/// `events` is the write side's stream on one partition: distinct event ids, and each
+/// account's events with `seq` 1, 2, 3, ... in stream order; at least one account needs two
+/// events, or reordering proves nothing. The suite panics with the reason otherwise.
 pub async fn run(factory: Factory, events: &[EventSpec]) -> Report {
-    type Schedule = (&'static str, i32);
-    let schedules: [Schedule; 8] = [
-        ("once", 1),
-        ("twice (republished at new offsets)", 2),
-        ("five times each", 3),
-        ("interleaved duplicates", 4),
-        ("crash between apply and commit", 5),
-        ("one event per batch", 6),
-        ("the whole stream in one batch", 7),
-        ("three concurrent writers", 8),
-    ];
+    check_stream(events);
     let mut registry = Registry::new();
-    for (_, v) in schedules {
+    for s in &SCHEDULES {
         registry
-            .add(factory(v))
+            .add(factory(s.version))
             .expect("register the view under test");
     }
     let db = TestDb::new(&registry).await;
-    let topic = "conformance";
-    let once = Partition::from_events(topic, 0, events);
 
-    let mut twice = once.clone();
-    for e in events {
-        twice.push_event(e);
-    }
-    let mut five = Partition::new(topic, 0);
-    for m in &once.log {
-        for _ in 0..5 {
-            five.push_raw(m.key.clone(), m.payload.clone());
-        }
-    }
-    let mut interleaved = Partition::new(topic, 0);
-    let mut rng = Lcg(0x5eed);
-    for (i, m) in once.log.iter().enumerate() {
-        interleaved.push_raw(m.key.clone(), m.payload.clone());
-        if rng.below(3) == 0 {
-            let earlier = &once.log[rng.below(i + 1)];
-            interleaved.push_raw(earlier.key.clone(), earlier.payload.clone());
-        }
-    }
-
-    let mut baseline: Option<Rows> = None;
-    let mut ran = Vec::new();
-    for (name, v) in schedules {
-        let view = factory(v);
+    let mut baseline: Option<(Rows, u64)> = None;
+    let mut reports = Vec::new();
+    for schedule in SCHEDULES {
+        let view = factory(schedule.version);
         let applier =
             Arc::new(Applier::new(view.clone(), SourceOrdering::PerAccount).expect("applier"));
-        let mut client = db.client().await;
-        match v {
-            1 => drop(consume(&applier, &mut client, &once, 7).await),
-            2 => drop(consume(&applier, &mut client, &twice, 7).await),
-            3 => drop(consume(&applier, &mut client, &five, 7).await),
-            4 => drop(consume(&applier, &mut client, &interleaved, 7).await),
-            5 => drop(consume_with_crashes(&applier, &mut client, &once, 5, |n| n % 3 == 1).await),
-            6 => drop(consume(&applier, &mut client, &once, 1).await),
-            7 => drop(consume(&applier, &mut client, &once, once.log.len()).await),
-            _ => {
-                let log = Arc::new(twice.clone());
-                let mut tasks = Vec::new();
-                for writer in 0..3usize {
-                    let (applier, log, pool) = (applier.clone(), log.clone(), db.pool().clone());
-                    tasks.push(tokio::spawn(async move {
-                        let mut client = pool.get().await.expect("connection");
-                        consume(&applier, &mut client, &log, 3 + writer * 2).await
-                    }));
-                }
-                for t in tasks {
-                    t.await.expect("writer task");
-                }
-            }
-        }
+        let log = build_log(schedule.log, events);
+        let outcomes = deliver(schedule.delivery, &db, &applier, &log.partition).await;
+        let client = db.client().await;
+        let counts = check_outcome(&client, &*view, schedule, events, &log, &outcomes).await;
         let rows = dump(&client, &*view).await;
         match &baseline {
             None => {
@@ -125,19 +246,628 @@ pub async fn run(factory: Factory, events: &[EventSpec]) -> Report {
                     "{}: the events produced no rows at all",
                     view.consumer()
                 );
-                baseline = Some(rows);
+                baseline = Some((rows.clone(), counts.dup_version_filter));
             }
-            Some(expected) => assert_eq!(
-                &rows,
-                expected,
-                "{}: schedule {name:?} gave rows different from delivering each event once",
-                view.consumer()
-            ),
+            Some((expected, filtered)) => {
+                assert_eq!(
+                    &rows,
+                    expected,
+                    "{}: schedule {:?} gave rows different from delivering each event once",
+                    view.consumer(),
+                    schedule.name
+                );
+                assert_eq!(
+                    counts.dup_version_filter,
+                    *filtered,
+                    "{}: schedule {:?}: the version filter dropped a different number of events than when each event was delivered once",
+                    view.consumer(),
+                    schedule.name
+                );
+            }
         }
-        ran.push(name);
+        reports.push(ScheduleReport {
+            schedule,
+            consumer: view.consumer(),
+            messages: log.partition.log.len() as u64,
+            counts,
+        });
     }
     Report {
-        rows: baseline.unwrap_or_default(),
-        schedules: ran,
+        rows: baseline.map(|(rows, _)| rows).unwrap_or_default(),
+        schedules: reports,
+    }
+}
+
+/// Refuses a stream the suite cannot judge, with the reason.
+fn check_stream(events: &[EventSpec]) {
+    assert!(!events.is_empty(), "conformance: the stream is empty");
+    let mut ids = BTreeSet::new();
+    let mut last: BTreeMap<i64, i64> = BTreeMap::new();
+    for e in events {
+        assert!(
+            ids.insert(e.event_id.as_str()),
+            "conformance: event id {:?} appears twice in the stream; give each event its own id",
+            e.event_id
+        );
+        let expected = last.get(&e.account_id).copied().unwrap_or(0) + 1;
+        assert_eq!(
+            e.seq, expected,
+            "conformance: event {:?} of account {} has seq {}; the stream must hold each account's events with seq 1, 2, 3, ... in order",
+            e.event_id, e.account_id, e.seq
+        );
+        last.insert(e.account_id, e.seq);
+    }
+    assert!(
+        last.values().any(|&n| n >= 2),
+        "conformance: every account has a single event; give one account at least two, or reordering proves nothing"
+    );
+}
+
+/// What a log message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    /// The event at this index of the stream.
+    Event(usize),
+    /// Planted poison.
+    Poison,
+}
+
+/// A schedule's partition, and what each of its messages is.
+#[derive(Debug, Clone)]
+struct BuiltLog {
+    partition: Partition,
+    /// By offset.
+    entries: Vec<Entry>,
+}
+
+/// Poison planted by [`Log::Poisoned`]: none of it yields an account, so none of it may park
+/// one.
+const POISON: [&[u8]; 3] = [
+    b"\xff\xfe not UTF-8",
+    b"{\"event_id\": \"conformance-poison\", \"type\": ",
+    b"[\"an array, not an envelope\"]",
+];
+
+fn build_log(log: Log, events: &[EventSpec]) -> BuiltLog {
+    let n = events.len();
+    let entries: Vec<Entry> = match log {
+        Log::Once => (0..n).map(Entry::Event).collect(),
+        Log::Repeated(k) => (0..k).flat_map(|_| (0..n).map(Entry::Event)).collect(),
+        Log::EachRepeated(k) => (0..n)
+            .flat_map(|i| std::iter::repeat_n(Entry::Event(i), k))
+            .collect(),
+        Log::InterleavedDuplicates => {
+            let mut rng = Lcg(0x5eed);
+            let mut out = Vec::new();
+            for i in 0..n {
+                out.push(Entry::Event(i));
+                if rng.below(3) == 0 {
+                    out.push(Entry::Event(rng.below(i + 1)));
+                }
+            }
+            out
+        }
+        Log::Reordered => reordered(events).into_iter().map(Entry::Event).collect(),
+        Log::Poisoned => {
+            let mut out: Vec<Entry> = (0..n).map(Entry::Event).collect();
+            out.push(Entry::Poison);
+            out.insert(n / 2, Entry::Poison);
+            out.insert(0, Entry::Poison);
+            out
+        }
+    };
+    let mut partition = Partition::new(TOPIC, 0);
+    let mut poison = POISON.iter();
+    for entry in &entries {
+        match entry {
+            Entry::Event(i) => partition.push_event(&events[*i]),
+            Entry::Poison => {
+                let bytes = poison.next().expect("as many entries as poison payloads");
+                partition.push_raw(None, bytes.to_vec());
+            }
+        }
+    }
+    BuiltLog { partition, entries }
+}
+
+/// The stream's indexes with each account's events permuted in place: the account keeps the
+/// positions it had in the stream, and its events take them in the order two swapped, four
+/// reversed, two swapped, ...
+fn reordered(events: &[EventSpec]) -> Vec<usize> {
+    let mut positions: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+    for (i, e) in events.iter().enumerate() {
+        positions.entry(e.account_id).or_default().push(i);
+    }
+    let mut order: Vec<usize> = (0..events.len()).collect();
+    for slots in positions.values() {
+        let mut permuted = Vec::with_capacity(slots.len());
+        let mut rest = &slots[..];
+        for block in [2, 4].into_iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (head, tail) = rest.split_at(block.min(rest.len()));
+            permuted.extend(head.iter().rev());
+            rest = tail;
+        }
+        for (slot, event) in slots.iter().zip(permuted) {
+            order[*slot] = event;
+        }
+    }
+    order
+}
+
+async fn deliver(
+    delivery: Delivery,
+    db: &TestDb,
+    applier: &Arc<Applier>,
+    log: &Partition,
+) -> Vec<BatchOutcome> {
+    let mut client = db.client().await;
+    match delivery {
+        Delivery::Batches(n) => consume(applier, &mut client, log, n).await,
+        Delivery::Crashing { len, every } => {
+            consume_with_crashes(applier, &mut client, log, len, |n| n % every.max(1) == 1).await
+        }
+        Delivery::WholeLog => consume(applier, &mut client, log, log.log.len()).await,
+        Delivery::ConcurrentWriters(writers) => {
+            let log = Arc::new(log.clone());
+            let mut tasks = Vec::new();
+            for writer in 0..writers {
+                let (applier, log, pool) = (applier.clone(), log.clone(), db.pool().clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut client = pool.get().await.expect("connection");
+                    consume(&applier, &mut client, &log, 3 + writer * 2).await
+                }));
+            }
+            let mut outcomes = Vec::new();
+            for t in tasks {
+                outcomes.extend(t.await.expect("writer task"));
+            }
+            outcomes.sort_by_key(|o| o.next_offset);
+            outcomes
+        }
+    }
+}
+
+/// Checks everything a schedule's run must leave behind besides the rows, and returns the
+/// summed counts. Panics with every problem found.
+async fn check_outcome(
+    client: &deadpool_postgres::Client,
+    view: &dyn Projection,
+    schedule: Schedule,
+    events: &[EventSpec],
+    log: &BuiltLog,
+    outcomes: &[BatchOutcome],
+) -> Counts {
+    let consumer = view.consumer();
+    let subscribed = |e: &EventSpec| view.subscribes().contains(&e.event_type.as_str());
+    let ordered = !view.order_independent();
+    let messages = log.entries.len();
+    let mut problems: Vec<String> = Vec::new();
+
+    let planted: BTreeMap<i64, &[u8]> = log
+        .entries
+        .iter()
+        .zip(&log.partition.log)
+        .filter(|(e, _)| **e == Entry::Poison)
+        .map(|(_, m)| (m.offset, m.payload.as_slice()))
+        .collect();
+    check_left_behind(client, &consumer, &planted, &mut problems).await;
+    let committed = check_batches(outcomes, messages, &mut problems);
+    let totals = committed.totals.clone();
+    check_stored_counters(client, &consumer, messages, &totals, &mut problems).await;
+
+    // The totals the log implies.
+    let mut first: HashMap<usize, usize> = HashMap::new();
+    for (o, entry) in log.entries.iter().enumerate() {
+        if let Entry::Event(i) = entry {
+            first.entry(*i).or_insert(o);
+        }
+    }
+    let distinct_subscribed = first.keys().filter(|&&i| subscribed(&events[i])).count() as u64;
+    let ignored = if ordered {
+        first.keys().filter(|&&i| !subscribed(&events[i])).count()
+    } else {
+        log.entries
+            .iter()
+            .filter(|e| matches!(e, Entry::Event(i) if !subscribed(&events[*i])))
+            .count()
+    } as u64;
+    if totals.applied + totals.dup_version_filter != distinct_subscribed {
+        problems.push(format!(
+            "applied {} (+ {} dropped by the version filter) events; the log holds {distinct_subscribed} distinct events of subscribed types",
+            totals.applied, totals.dup_version_filter
+        ));
+    }
+    if totals.ignored != ignored {
+        problems.push(format!(
+            "ignored {} events; expected {ignored} (events of types the view does not subscribe to)",
+            totals.ignored
+        ));
+    }
+    if totals.dead_lettered() != planted.len() as u64 {
+        problems.push(format!(
+            "dead-lettered {} messages; {} poison messages were planted",
+            totals.dead_lettered(),
+            planted.len()
+        ));
+    }
+    if totals.waiting != totals.drained {
+        problems.push(format!(
+            "{} events started waiting but {} left the waiting table",
+            totals.waiting, totals.drained
+        ));
+    }
+
+    // Each disposition, as the log and the batches it was committed in imply.
+    if let Some(batch_of) = committed.batch_of {
+        let expected = expected_dispositions(log, events, &batch_of, ordered, &subscribed);
+        for (o, (want, got)) in expected.iter().zip(&committed.dispositions).enumerate() {
+            if want != got {
+                let what = match log.entries[o] {
+                    Entry::Event(i) => format!(
+                        "event {:?} (account {}, seq {})",
+                        events[i].event_id, events[i].account_id, events[i].seq
+                    ),
+                    Entry::Poison => "planted poison".to_owned(),
+                };
+                problems.push(format!(
+                    "offset {o}, {what}, in batch {}: {got:?}, expected {want:?}",
+                    batch_of[o]
+                ));
+            }
+        }
+    }
+
+    assert!(
+        problems.is_empty(),
+        "{consumer}: schedule {:?} ({} messages, counts {totals:?}):\n  {}",
+        schedule.name,
+        messages,
+        problems.join("\n  ")
+    );
+    totals
+}
+
+/// At the end, the view version's dead letters are exactly the planted poison, with its
+/// bytes; no account is parked and no event waits.
+async fn check_left_behind(
+    client: &deadpool_postgres::Client,
+    consumer: &str,
+    planted: &BTreeMap<i64, &[u8]>,
+    problems: &mut Vec<String>,
+) {
+    let dead = client
+        .query(
+            "SELECT \"offset\", kind, payload, error FROM projector.dead_letters \
+             WHERE consumer = $1 ORDER BY \"offset\"",
+            &[&consumer],
+        )
+        .await
+        .expect("read dead letters");
+    let mut found = BTreeSet::new();
+    for r in &dead {
+        let (offset, kind, payload, error): (i64, String, Vec<u8>, String) =
+            (r.get(0), r.get(1), r.get(2), r.get(3));
+        match planted.get(&offset) {
+            Some(bytes) if kind == "poison" && payload == *bytes => {
+                found.insert(offset);
+            }
+            _ => problems.push(format!("dead letter at offset {offset} ({kind}): {error}")),
+        }
+    }
+    for offset in planted.keys().filter(|o| !found.contains(o)) {
+        problems.push(format!(
+            "the poison planted at offset {offset} is not dead-lettered with its bytes"
+        ));
+    }
+    let parked = client
+        .query(
+            "SELECT account_id, reason, blocked_seq, detail FROM projector.parked_accounts \
+             WHERE consumer = $1 ORDER BY account_id",
+            &[&consumer],
+        )
+        .await
+        .expect("read parked accounts");
+    for r in &parked {
+        let (account, reason, blocked, detail): (i64, String, i64, String) =
+            (r.get(0), r.get(1), r.get(2), r.get(3));
+        problems.push(format!(
+            "account {account} is parked ({reason}) at seq {blocked}: {detail}"
+        ));
+    }
+    let waiting: i64 = client
+        .query_one(
+            "SELECT count(*) FROM projector.waiting_events WHERE consumer = $1",
+            &[&consumer],
+        )
+        .await
+        .expect("count waiting events")
+        .get(0);
+    if waiting != 0 {
+        problems.push(format!("{waiting} event(s) still wait"));
+    }
+}
+
+/// The committed batches, seen per offset.
+struct Committed {
+    /// Each offset's disposition; offsets without one are reported as problems.
+    dispositions: Vec<Disposition>,
+    /// The index of the batch that committed each offset, when every offset was committed
+    /// exactly once.
+    batch_of: Option<Vec<usize>>,
+    /// The batches' counts, summed.
+    totals: Counts,
+}
+
+/// Every offset of the log has exactly one disposition among the committed batches, and
+/// each batch's counts add up to its messages.
+fn check_batches(
+    outcomes: &[BatchOutcome],
+    messages: usize,
+    problems: &mut Vec<String>,
+) -> Committed {
+    let mut batch_of: Vec<Option<usize>> = vec![None; messages];
+    let mut dispositions: Vec<Option<Disposition>> = vec![None; messages];
+    let mut totals = Counts::default();
+    let mut sound = true;
+    for (b, outcome) in outcomes.iter().enumerate() {
+        let c = &outcome.counts;
+        let accounted = (c.applied + c.ignored + c.duplicates() + c.dead_lettered() + c.waiting)
+            .checked_sub(c.drained);
+        if accounted != Some(outcome.dispositions.len() as u64) {
+            problems.push(format!(
+                "a batch of {} message(s) ending at offset {} counts {c:?}, which does not add up to its messages",
+                outcome.dispositions.len(),
+                outcome.next_offset - 1
+            ));
+        }
+        for &(offset, d) in &outcome.dispositions {
+            match usize::try_from(offset).ok().filter(|&o| o < messages) {
+                Some(o) if dispositions[o].is_none() => {
+                    dispositions[o] = Some(d);
+                    batch_of[o] = Some(b);
+                }
+                _ => {
+                    sound = false;
+                    problems.push(format!(
+                        "offset {offset} was committed twice or is not in the log"
+                    ));
+                }
+            }
+        }
+        totals += c;
+    }
+    let missing: Vec<usize> = (0..messages)
+        .filter(|&o| dispositions[o].is_none())
+        .collect();
+    if !missing.is_empty() {
+        sound = false;
+        problems.push(format!(
+            "offsets {missing:?} have no disposition in any committed batch"
+        ));
+    }
+    Committed {
+        dispositions: dispositions.into_iter().flatten().collect(),
+        batch_of: sound.then(|| batch_of.into_iter().flatten().collect()),
+        totals,
+    }
+}
+
+/// The counters kept in `projector.offsets` are the committed batches' counts, and add up to
+/// the messages delivered; the offset stands at the end of the log.
+async fn check_stored_counters(
+    client: &deadpool_postgres::Client,
+    consumer: &str,
+    messages: usize,
+    totals: &Counts,
+    problems: &mut Vec<String>,
+) {
+    let stored = client
+        .query_opt(
+            "SELECT next_offset, applied, ignored, duplicates, dead_lettered, waiting, drained \
+             FROM projector.offsets WHERE consumer = $1 AND topic = $2 AND partition = 0",
+            &[&consumer, &TOPIC],
+        )
+        .await
+        .expect("read the offset row");
+    let Some(r) = stored else {
+        problems.push("no offset row was committed".to_owned());
+        return;
+    };
+    let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let got: [i64; 7] = std::array::from_fn(|i| r.get(i));
+    let want = [
+        messages as i64,
+        as_i64(totals.applied),
+        as_i64(totals.ignored),
+        as_i64(totals.duplicates()),
+        as_i64(totals.dead_lettered()),
+        as_i64(totals.waiting),
+        as_i64(totals.drained),
+    ];
+    if got != want {
+        problems.push(format!(
+            "projector.offsets holds (next_offset, applied, ignored, duplicates, dead_lettered, waiting, drained) = {got:?}; the committed batches say {want:?}"
+        ));
+    }
+    if got[1] + got[2] + got[3] + got[4] + got[5] - got[6] != messages as i64 {
+        problems.push(format!(
+            "projector.offsets' counters {got:?} do not add up to the {messages} messages delivered"
+        ));
+    }
+}
+
+/// What must become of each message, given the (committed) batch each offset was in.
+///
+/// - Planted poison is dead-lettered.
+/// - The first copy of an event is applied (ignored, for a type the view does not subscribe
+///   to), unless the view is order-dependent and an earlier `seq` of its account first comes
+///   in a later batch: then it waits. An earlier `seq` later in the same batch lets it through
+///   in that batch.
+/// - A later copy, for an order-dependent view, is a duplicate: its `seq` is taken. An
+///   order-independent view tracks no `seq`: a copy of an event it does not subscribe to is
+///   ignored again; of one it does, it is a duplicate when an earlier copy is in the same
+///   batch, and otherwise `Applied`, found in the inbox by the statement ("applied before").
+fn expected_dispositions(
+    log: &BuiltLog,
+    events: &[EventSpec],
+    batch_of: &[usize],
+    ordered: bool,
+    subscribed: &dyn Fn(&EventSpec) -> bool,
+) -> Vec<Disposition> {
+    let mut first_offset: HashMap<usize, usize> = HashMap::new();
+    for (o, entry) in log.entries.iter().enumerate() {
+        if let Entry::Event(i) = entry {
+            first_offset.entry(*i).or_insert(o);
+        }
+    }
+    // Per event, whether an earlier seq of its account first arrives in a later batch.
+    let mut waits: HashMap<usize, bool> = HashMap::new();
+    let mut by_account: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+    for &i in first_offset.keys() {
+        by_account.entry(events[i].account_id).or_default().push(i);
+    }
+    for mut account in by_account.into_values() {
+        account.sort_by_key(|&i| events[i].seq);
+        let mut latest_earlier: Option<usize> = None;
+        for i in account {
+            let batch = batch_of[first_offset[&i]];
+            waits.insert(i, latest_earlier.is_some_and(|b| b > batch));
+            latest_earlier = latest_earlier.max(Some(batch));
+        }
+    }
+    log.entries
+        .iter()
+        .enumerate()
+        .map(|(o, entry)| {
+            let Entry::Event(i) = *entry else {
+                return Disposition::DeadLettered;
+            };
+            let first = first_offset[&i];
+            if o == first {
+                if ordered && waits[&i] {
+                    Disposition::Waiting
+                } else if subscribed(&events[i]) {
+                    Disposition::Applied
+                } else {
+                    Disposition::Ignored
+                }
+            } else if ordered {
+                Disposition::Duplicate
+            } else if !subscribed(&events[i]) {
+                Disposition::Ignored
+            } else {
+                let copy_in_batch = log.entries[..o]
+                    .iter()
+                    .enumerate()
+                    .any(|(p, e)| *e == Entry::Event(i) && batch_of[p] == batch_of[o]);
+                if copy_in_batch {
+                    Disposition::Duplicate
+                } else {
+                    Disposition::Applied
+                }
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::fill;
+
+    fn stream(accounts: i64, per_account: i64) -> Vec<EventSpec> {
+        let mut out = Vec::new();
+        for seq in 1..=per_account {
+            for account in 1..=accounts {
+                out.push(fill(
+                    account,
+                    seq,
+                    "2026-11-29T10:15:00Z",
+                    "X",
+                    "buy",
+                    "1",
+                    "1",
+                    "0",
+                ));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_schedule_has_its_own_version_and_name() {
+        let versions: BTreeSet<i32> = SCHEDULES.iter().map(|s| s.version).collect();
+        let names: BTreeSet<&str> = SCHEDULES.iter().map(|s| s.name).collect();
+        assert_eq!(versions.len(), SCHEDULES.len());
+        assert_eq!(names.len(), SCHEDULES.len());
+        assert!(versions.iter().all(|v| *v >= 1));
+        assert_eq!(SCHEDULES[0].log, Log::Once, "the reference comes first");
+    }
+
+    #[test]
+    fn reordering_swaps_two_then_reverses_four_in_the_account_own_places() {
+        let events = stream(2, 9);
+        let order = reordered(&events);
+        let seqs = |account: i64| -> Vec<i64> {
+            order
+                .iter()
+                .map(|&i| &events[i])
+                .filter(|e| e.account_id == account)
+                .map(|e| e.seq)
+                .collect()
+        };
+        assert_eq!(seqs(1), [2, 1, 6, 5, 4, 3, 8, 7, 9]);
+        assert_eq!(seqs(2), [2, 1, 6, 5, 4, 3, 8, 7, 9]);
+        // Each account keeps its places: the stream alternates accounts, so does the log.
+        for (k, &i) in order.iter().enumerate() {
+            assert_eq!(events[i].account_id, 1 + (k as i64 % 2));
+        }
+    }
+
+    #[test]
+    fn poison_is_planted_first_in_the_middle_and_last() {
+        let events = stream(1, 4);
+        let log = build_log(Log::Poisoned, &events);
+        use Entry::*;
+        assert_eq!(
+            log.entries,
+            [
+                Poison,
+                Event(0),
+                Event(1),
+                Poison,
+                Event(2),
+                Event(3),
+                Poison
+            ]
+        );
+        assert_eq!(log.partition.log[0].payload, POISON[0]);
+        assert_eq!(log.partition.log[6].payload, POISON[2]);
+    }
+
+    #[test]
+    fn an_event_waits_only_for_an_earlier_seq_in_a_later_batch() {
+        let events = stream(1, 4);
+        let log = build_log(Log::Reordered, &events);
+        // Seqs 2, 1, 4, 3: in batches of one, 2 and 4 wait; in batches of two, nothing does.
+        let all = |_: &EventSpec| true;
+        let one = expected_dispositions(&log, &events, &[0, 1, 2, 3], true, &all);
+        use Disposition::*;
+        assert_eq!(one, [Waiting, Applied, Waiting, Applied]);
+        let two = expected_dispositions(&log, &events, &[0, 0, 1, 1], true, &all);
+        assert_eq!(two, [Applied; 4]);
+        let unordered = expected_dispositions(&log, &events, &[0, 1, 2, 3], false, &all);
+        assert_eq!(unordered, [Applied; 4]);
+    }
+
+    #[test]
+    #[should_panic(expected = "seq 1, 2, 3")]
+    fn a_stream_with_a_gap_is_refused() {
+        let mut events = stream(1, 3);
+        events.remove(1);
+        check_stream(&events);
     }
 }

@@ -80,6 +80,103 @@ impl Projection for Trail {
     }
 }
 
+/// A small order-independent view: per account, its fills, their quantity, and its memos,
+/// summed with `GROUP BY`. `memo` is a type no built-in view knows, so the data of a memo is
+/// whatever JSON object the producer sent: this view sends every storable shape of `data` to
+/// PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct Tally {
+    pub version: i32,
+}
+
+impl Tally {
+    pub fn new(version: i32) -> Self {
+        Self { version }
+    }
+}
+
+impl Projection for Tally {
+    fn name(&self) -> &str {
+        "tally"
+    }
+    fn version(&self) -> i32 {
+        self.version
+    }
+    fn subscribes(&self) -> &[&str] {
+        &["fill_executed", "memo"]
+    }
+    fn dedup(&self) -> DedupMode {
+        DedupMode::Inbox
+    }
+    fn order_independent(&self) -> bool {
+        true
+    }
+    fn ddl(&self) -> String {
+        "CREATE TABLE IF NOT EXISTS tally_v{v} (
+            account_id bigint  PRIMARY KEY,
+            fills      bigint  NOT NULL,
+            qty        numeric NOT NULL,
+            memos      bigint  NOT NULL)"
+            .to_owned()
+    }
+    fn tables(&self) -> Vec<String> {
+        vec!["tally_v{v}".to_owned()]
+    }
+    fn apply_sql(&self) -> ApplySql {
+        // CASE, not FILTER, around the cast: a memo's data need not hold a `qty`.
+        ApplySql {
+            ctes: "t AS (
+                SELECT account_id,
+                       count(*) FILTER (WHERE type = 'fill_executed') AS fills,
+                       coalesce(sum(CASE WHEN type = 'fill_executed'
+                                         THEN (data->>'qty')::numeric END), 0) AS qty,
+                       count(*) FILTER (WHERE type = 'memo') AS memos
+                FROM ev GROUP BY account_id)"
+                .to_owned(),
+            write: "INSERT INTO tally_v{v} AS x (account_id, fills, qty, memos)
+                    SELECT account_id, fills, qty, memos FROM t
+                    ON CONFLICT (account_id) DO UPDATE SET
+                      fills = x.fills + EXCLUDED.fills,
+                      qty = x.qty + EXCLUDED.qty,
+                      memos = x.memos + EXCLUDED.memos
+                    RETURNING 1"
+                .to_owned(),
+        }
+    }
+    fn read_sql(&self) -> String {
+        "SELECT account_id, fills, qty, memos FROM tally_v{v}".to_owned()
+    }
+}
+
+/// The expected `tally_v*` row text for the fold of `events` (distinct by event id). An
+/// account gets a row once it has a fill or a memo.
+pub fn tally_fold(events: &[EventSpec]) -> Vec<String> {
+    use rust_decimal::Decimal;
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::str::FromStr;
+    let mut seen = BTreeSet::new();
+    let mut by_account: BTreeMap<i64, (u64, Decimal, u64)> = BTreeMap::new();
+    for e in events {
+        if !seen.insert(e.event_id.as_str()) {
+            continue;
+        }
+        match e.event_type.as_str() {
+            "fill_executed" => {
+                let qty = Decimal::from_str(e.data["qty"].as_str().expect("qty")).expect("decimal");
+                let t = by_account.entry(e.account_id).or_default();
+                t.0 += 1;
+                t.1 += qty;
+            }
+            "memo" => by_account.entry(e.account_id).or_default().2 += 1,
+            _ => {}
+        }
+    }
+    by_account
+        .into_iter()
+        .map(|(account, (fills, qty, memos))| format!("({account},{fills},{qty},{memos})"))
+        .collect()
+}
+
 /// Fills for `accounts` accounts with `per_account` events each, interleaved round-robin
 /// (each account in `seq` order). Quantities vary so sums are distinctive.
 pub fn fills(accounts: i64, per_account: i64) -> Vec<EventSpec> {
