@@ -1,6 +1,10 @@
 //! The Kafka source: one consumer group per view version, offsets in PostgreSQL.
 //!
-//! Each view version runs one Kafka consumer on a dedicated thread (the *poll thread*) and
+//! Vocabulary: the *consumer* is a view version's name (`portfolio_v1`), the key of its
+//! inbox rows, offsets and dead letters; the librdkafka handle that reads the topic for it
+//! is its Kafka *client*, one member of the version's consumer group.
+//!
+//! Each view version runs one Kafka client on a dedicated thread (the *poll thread*) and
 //! one tokio task per assigned partition (a *worker*). The poll thread only polls, routes
 //! messages to workers and handles rebalances; workers batch and apply.
 //!
@@ -14,7 +18,7 @@
 //!   session timeout) finds its batch fenced by the offset row: it cannot commit.
 //! - **Fencing never skips.** A fenced worker resumes exactly at the stored offset: from the
 //!   messages it already holds when the offset lies among them, by dropping what another
-//!   writer committed when it lies beyond, or by seeking the consumer back when it lies
+//!   writer committed when it lies beyond, or by seeking the client back when it lies
 //!   before them (messages fetched before the seek are told apart by an epoch).
 //! - **Bounded waits.** A batch attempt that outlives [`KafkaConfig::attempt_timeout`] (a hung
 //!   server or network) gives its connection up and is retried, so a revocation, which
@@ -161,7 +165,7 @@ pub trait Observer: Send + Sync + 'static {
     async fn before_apply(&self, _consumer: &str, _batch: &Batch) {}
     /// A batch was committed to PostgreSQL.
     fn committed(&self, _consumer: &str, _partition: i32, _next_offset: i64) {}
-    /// A batch was refused by fencing: another consumer had committed past its start.
+    /// A batch was refused by fencing: another writer had committed past its start.
     fn fenced(&self, _consumer: &str, _partition: i32, _start: i64, _stored: i64) {}
     /// Kafka became unreachable or failed a request; called once per incident.
     fn kafka_trouble(&self, _consumer: &str, _error: &str) {}
@@ -410,7 +414,7 @@ enum Resume {
     Tail(Batch),
     /// Another writer committed past the batch: drop what arrives below `stored`.
     Skip,
-    /// `stored` lies before the batch: the consumer must fetch again from there.
+    /// `stored` lies before the batch: the client must fetch again from there.
     SeekBack,
 }
 
@@ -660,7 +664,7 @@ pub async fn run_view(
     shutdown: CancellationToken,
 ) -> Result<(), SourceError> {
     let consumer_name = applier.consumer().to_owned();
-    let kafka = |source| SourceError::Kafka {
+    let kafka_error = |source| SourceError::Kafka {
         consumer: consumer_name.clone(),
         source,
     };
@@ -689,17 +693,19 @@ pub async fn run_view(
         shared: shared.clone(),
         kafka_down: AtomicBool::new(false),
     };
-    let consumer: BaseConsumer<Context> = shared
+    let client: BaseConsumer<Context> = shared
         .config
         .client_config(&consumer_name)
         .create_with_context(context)
-        .map_err(kafka)?;
-    consumer.subscribe(&[&shared.config.topic]).map_err(kafka)?;
+        .map_err(kafka_error)?;
+    client
+        .subscribe(&[&shared.config.topic])
+        .map_err(kafka_error)?;
 
     let thread_shared = shared.clone();
     let poll = std::thread::Builder::new()
         .name(format!("poll-{consumer_name}"))
-        .spawn(move || poll_loop(consumer, thread_shared, committed_rx, seeks_rx))
+        .spawn(move || poll_loop(client, thread_shared, committed_rx, seeks_rx))
         .map_err(|e| SourceError::Thread {
             consumer: consumer_name.clone(),
             message: format!("cannot start the poll thread: {e}"),
@@ -721,7 +727,7 @@ pub async fn run_view(
 }
 
 fn poll_loop(
-    consumer: BaseConsumer<Context>,
+    client: BaseConsumer<Context>,
     shared: Arc<Shared>,
     committed: std::sync::mpsc::Receiver<(i32, i64)>,
     seeks: std::sync::mpsc::Receiver<Seek>,
@@ -730,14 +736,11 @@ fn poll_loop(
     let mut pending_seeks: Vec<Seek> = Vec::new();
     while !shared.shutdown.is_cancelled() {
         pending_seeks.extend(seeks.try_iter());
-        pending_seeks.retain(|seek| !perform_seek(&consumer, &shared, seek));
-        match consumer.poll(Duration::from_millis(100)) {
+        pending_seeks.retain(|seek| !perform_seek(&client, &shared, seek));
+        match client.poll(Duration::from_millis(100)) {
             None => {}
             Some(Ok(m)) => {
-                consumer
-                    .context()
-                    .kafka_down
-                    .store(false, Ordering::Relaxed);
+                client.context().kafka_down.store(false, Ordering::Relaxed);
                 let message = Message::new(
                     m.offset(),
                     m.key().map(<[u8]>::to_vec),
@@ -760,8 +763,8 @@ fn poll_loop(
                 }
             }
             // One line per incident: librdkafka repeats the error on every retry.
-            Some(Err(e)) if !consumer.context().kafka_down.swap(true, Ordering::Relaxed) => {
-                tracing::warn!(consumer = %shared.applier.consumer(), error = %e, "kafka consumer error; retrying");
+            Some(Err(e)) if !client.context().kafka_down.swap(true, Ordering::Relaxed) => {
+                tracing::warn!(consumer = %shared.applier.consumer(), error = %e, "kafka client error; retrying");
                 shared
                     .observer
                     .kafka_trouble(shared.applier.consumer(), &e.to_string());
@@ -778,7 +781,7 @@ fn poll_loop(
                 for (p, next) in latest {
                     let _ = tpl.add_partition_offset(&topic, p, Offset::Offset(next));
                 }
-                if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
+                if let Err(e) = client.commit(&tpl, CommitMode::Async) {
                     tracing::debug!(error = %e, "kafka-side commit skipped (lag tools only)");
                 }
             }
@@ -790,23 +793,23 @@ fn poll_loop(
         .lock()
         .map(|w| w.keys().copied().collect())
         .unwrap_or_default();
-    consumer.context().stop_workers(&all);
-    consumer.unsubscribe();
-    drop(consumer);
+    client.context().stop_workers(&all);
+    client.unsubscribe();
+    drop(client);
 }
 
 /// Moves a partition's fetch position back to a fenced worker's stored offset. With a
 /// timeout, librdkafka purges what it fetched for the old position before returning, so
 /// every message polled afterwards belongs to the new epoch. Returns false to try again on
 /// the next turn of the poll loop.
-fn perform_seek(consumer: &BaseConsumer<Context>, shared: &Shared, seek: &Seek) -> bool {
+fn perform_seek(client: &BaseConsumer<Context>, shared: &Shared, seek: &Seek) -> bool {
     let Ok(mut workers) = shared.workers.lock() else {
         return true;
     };
     let Some(handle) = workers.get_mut(&seek.partition) else {
         return true; // revoked meanwhile: the next owner starts at the stored offset
     };
-    match consumer.seek(
+    match client.seek(
         &shared.config.topic,
         seek.partition,
         Offset::Offset(seek.offset),
