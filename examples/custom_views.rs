@@ -76,6 +76,9 @@ impl Projection for CashBalance {
     fn version(&self) -> i32 {
         self.version
     }
+    fn at_version(&self, version: i32) -> Option<std::sync::Arc<dyn Projection>> {
+        Some(std::sync::Arc::new(Self { version }))
+    }
     fn subscribes(&self) -> &[&str] {
         &[CASH_ADJUSTED]
     }

@@ -26,6 +26,8 @@
 //! - [`publish`]: `projector publish`, JSON lines to Kafka.
 //! - [`dev_broker`]: `projector dev-broker`, a local Kafka broker.
 //! - [`bench`]: `projector bench`, the flags and output of the benchmark.
+//! - [`rebuild`]: `projector rebuild`, `verify`, `cutover` and `retire`: a view rebuilt into a
+//!   new version while live.
 
 use std::process::ExitCode;
 
@@ -38,6 +40,7 @@ pub mod demo;
 pub mod dev_broker;
 pub mod migrate;
 pub mod publish;
+pub mod rebuild;
 pub mod run;
 pub mod views;
 
@@ -71,6 +74,14 @@ enum Command {
     /// Measure throughput, catch-up and latency against a naive consumer and a plain-SQL
     /// ceiling, on the dev broker and a scratch database of the --database-url server.
     Bench(bench::Args),
+    /// Rebuild a view into a new version while the live stream keeps flowing; resumable.
+    Rebuild(rebuild::Args),
+    /// Compare two versions of a view row by row; exits 1 when they differ.
+    Verify(rebuild::VerifyArgs),
+    /// Make a version of a view the live one: the stable read name points at it.
+    Cutover(rebuild::CutoverArgs),
+    /// Retire a version of a view that is not live, and optionally drop it.
+    Retire(rebuild::RetireArgs),
 }
 
 /// Runs the command line of the process's arguments with the views `registry` builds, and
@@ -131,6 +142,16 @@ pub fn main(registry: impl FnOnce() -> Result<Registry, ViewError>) -> ExitCode 
             Command::Publish(args) => publish::run(args).await,
             Command::DevBroker(args) => dev_broker::run(args).await,
             Command::Bench(args) => bench::run(args, &url()).await,
+            Command::Rebuild(args) => rebuild::run(&url(), &registry()?, args).await,
+            Command::Verify(args) => {
+                if rebuild::run_verify(&url(), &registry()?, args).await? {
+                    Ok(())
+                } else {
+                    Err(anyhow::anyhow!("the versions differ"))
+                }
+            }
+            Command::Cutover(args) => rebuild::run_cutover(&url(), &registry()?, args).await,
+            Command::Retire(args) => rebuild::run_retire(&url(), &registry()?, args).await,
         }
     });
     match result {

@@ -1,10 +1,12 @@
-//! `projector run`: consume the topic into every selected view until SIGINT or SIGTERM.
+//! `projector run`: consume the topic into the live version of every selected view until
+//! SIGINT or SIGTERM, following cutovers without a restart.
 
 use std::sync::Arc;
 
 use anyhow::Context;
-use projector_engine::kafka::source::{run_views, NoObserver};
-use projector_engine::{Applier, Registry, SourceOrdering};
+use projector_engine::kafka::source::NoObserver;
+use projector_engine::kafka::supervisor::{run_live, LiveOptions};
+use projector_engine::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{resolve, RunArgs};
@@ -30,28 +32,30 @@ pub async fn run(
             .context("cannot connect to PostgreSQL (check --database-url / DATABASE_URL)")?;
         projector_engine::migrate(&mut client, registry).await?;
     }
-    // Kafka with key = account id delivers each account's events in order through one
-    // partition: the source declares per-account ordering.
-    let owner = config.kafka.instance_id.clone();
-    let appliers = views
+    // The selected names must exist; which of their versions run is the registry's to say.
+    let names: Vec<String> = views
+        .iter()
+        .map(|v| v.name().to_owned())
+        .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
-        .map(|v| {
-            let applier = Applier::new(v, SourceOrdering::PerAccount)?;
-            Ok(Arc::new(match &owner {
-                Some(id) => applier.owned_by(id.clone()),
-                None => applier,
-            }))
-        })
-        .collect::<Result<Vec<_>, projector_engine::ViewError>>()?;
-    let names: Vec<&str> = appliers.iter().map(|a| a.consumer()).collect();
+        .collect();
     tracing::info!(views = ?names, topic = %config.kafka.topic, "starting");
-    eprintln!(
-        "projector: consuming {} into {}",
-        config.kafka.topic,
-        names.join(", ")
-    );
-
-    let result = run_views(appliers, pool, config.kafka, Arc::new(NoObserver), shutdown).await;
+    let options = LiveOptions {
+        names,
+        owner: config.kafka.instance_id.clone(),
+        ..LiveOptions::default()
+    };
+    // Kafka with key = account id delivers each account's events in order through one
+    // partition: the live service reads with per-account ordering.
+    let result = run_live(
+        registry.clone(),
+        pool,
+        config.kafka,
+        Arc::new(NoObserver),
+        shutdown,
+        options,
+    )
+    .await;
     signals.abort();
     match result {
         Ok(()) => {
@@ -67,7 +71,8 @@ pub async fn run(
     }
 }
 
-async fn wait_for_signal(shutdown: CancellationToken) {
+/// Cancels `shutdown` at the first SIGINT or SIGTERM.
+pub async fn wait_for_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());

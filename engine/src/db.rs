@@ -91,6 +91,8 @@ pub struct Settings {
     /// TCP keepalive idle time; a dead peer is noticed about this long plus three probes
     /// ten seconds apart after it went silent.
     pub keepalive_idle: Duration,
+    /// More session settings (`name`, `value`), e.g. a rebuild's `synchronous_commit = off`.
+    pub session: Vec<(String, String)>,
 }
 
 impl Default for Settings {
@@ -101,6 +103,7 @@ impl Default for Settings {
             idle_in_transaction_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
             keepalive_idle: Duration::from_secs(30),
+            session: Vec::new(),
         }
     }
 }
@@ -119,18 +122,20 @@ impl Settings {
 fn session_options(url_options: Option<&str>, settings: &Settings) -> String {
     let given = url_options.unwrap_or_default();
     let mut out = given.to_owned();
-    for (name, value) in [
+    let timeouts = [
         ("statement_timeout", settings.statement_timeout),
         (
             "idle_in_transaction_session_timeout",
             settings.idle_in_transaction_timeout,
         ),
-    ] {
-        if !given.contains(name) {
+    ]
+    .map(|(name, value)| (name.to_owned(), value.as_millis().to_string()));
+    for (name, value) in timeouts.iter().chain(&settings.session) {
+        if !given.contains(name.as_str()) {
             if !out.is_empty() {
                 out.push(' ');
             }
-            out.push_str(&format!("-c {name}={}", value.as_millis()));
+            out.push_str(&format!("-c {name}={value}"));
         }
     }
     out

@@ -128,6 +128,14 @@ pub trait Projection: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The same code at another version, so that `projector rebuild` can build the
+    /// registered code into version N (its tables `<name>_v<N>`, its own consumer). `None`
+    /// (the default) when the code is tied to its version: then only registered versions
+    /// can be built.
+    fn at_version(&self, _version: i32) -> Option<Arc<dyn Projection>> {
+        None
+    }
+
     /// The key of everything this version owns: inbox rows, offsets, dead letters.
     fn consumer(&self) -> String {
         format!("{}_v{}", self.name(), self.version())
@@ -192,6 +200,16 @@ pub enum ViewError {
     /// No view of that name.
     #[error("no view named {0:?}; registered views: {1}")]
     Unknown(String, String),
+    /// The view's code cannot be built into a version that is not registered.
+    #[error("view {name} cannot build version {version}: its code is tied to version(s) {registered}; register version {version}, or implement Projection::at_version")]
+    NoCodeForVersion {
+        /// The view.
+        name: String,
+        /// The version asked for.
+        version: i32,
+        /// The registered versions.
+        registered: String,
+    },
 }
 
 /// Checks that a view can run against a source with the given ordering.
@@ -274,6 +292,33 @@ impl Registry {
     /// The distinct view names.
     pub fn names(&self) -> BTreeSet<String> {
         self.views.iter().map(|v| v.name().to_owned()).collect()
+    }
+
+    /// The code for version `version` of view `name`: the registered version if there is
+    /// one, else the newest registered version's code at that version
+    /// ([`Projection::at_version`]).
+    pub fn code_for(&self, name: &str, version: i32) -> Result<Arc<dyn Projection>, ViewError> {
+        let versions: Vec<&Arc<dyn Projection>> =
+            self.views.iter().filter(|v| v.name() == name).collect();
+        if let Some(v) = versions.iter().find(|v| v.version() == version) {
+            return Ok(Arc::clone(v));
+        }
+        let Some(newest) = versions.iter().max_by_key(|v| v.version()) else {
+            let list = self.names().into_iter().collect::<Vec<_>>().join(", ");
+            return Err(ViewError::Unknown(name.to_owned(), list));
+        };
+        newest
+            .at_version(version)
+            .filter(|v| v.version() == version && v.name() == name)
+            .ok_or_else(|| ViewError::NoCodeForVersion {
+                name: name.to_owned(),
+                version,
+                registered: versions
+                    .iter()
+                    .map(|v| v.version().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
     }
 
     /// The registered versions of the named views (all when `names` is empty).

@@ -118,6 +118,17 @@ async fn install_view(
     out: &mut MigrateReport,
 ) -> Result<(), tokio_postgres::Error> {
     let tx = client.transaction().await?;
+    let dropped = tx
+        .query_opt(
+            "SELECT 1 FROM projector.views WHERE name = $1 AND version = $2 AND dropped_at IS NOT NULL",
+            &[&view.name(), &view.version()],
+        )
+        .await?
+        .is_some();
+    if dropped {
+        // Retired and dropped by `projector retire --drop`: never recreated empty.
+        return tx.commit().await;
+    }
     tx.batch_execute(&render(view, &view.ddl())).await?;
     let registered = tx
         .query_opt(

@@ -161,10 +161,10 @@ impl Applier {
     }
 
     fn db(&self, doing: &'static str) -> impl Fn(tokio_postgres::Error) -> ApplyError + '_ {
-        move |source| ApplyError::Database {
+        move |error| ApplyError::Database {
             consumer: self.consumer.clone(),
             doing,
-            source,
+            error,
         }
     }
 

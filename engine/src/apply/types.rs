@@ -142,15 +142,14 @@ pub enum ApplyError {
     },
     /// PostgreSQL failed in a way no single event explains (connection lost, deadlock, a
     /// broken view statement). The batch can be retried.
-    #[error("{consumer}: while {doing}: {}", crate::apply::rounds::describe_db_error(.source))]
+    #[error("{consumer}: while {doing}: {}", crate::apply::rounds::describe_db_error(.error))]
     Database {
         /// View version.
         consumer: String,
         /// What the engine was doing.
         doing: &'static str,
-        /// The driver's error.
-        #[source]
-        source: tokio_postgres::Error,
+        /// The driver's error, already described in the message.
+        error: tokio_postgres::Error,
     },
 }
 

@@ -1,4 +1,9 @@
-//! Kafka: the source that feeds the apply path. The producer side and a local broker for
-//! development and tests are in the `projector-devkit` crate.
+//! Kafka: the source that feeds the apply path, and the live service that runs the live
+//! version of every view. The producer side and a local broker for development and tests are
+//! in the `projector-devkit` crate.
+//!
+//! - [`source`]: one view version's consumer group: poll thread, workers, fencing, timeouts.
+//! - [`supervisor`]: the live versions of the selected views, following the view registry.
 
 pub mod source;
+pub mod supervisor;

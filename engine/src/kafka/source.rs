@@ -74,6 +74,9 @@ pub struct KafkaConfig {
     /// The longest a batch attempt may take before its connection is given up and the batch
     /// retried; see [`crate::db::Settings::attempt_timeout`].
     pub attempt_timeout: Duration,
+    /// At most this many messages a second for the view version, over all its partitions:
+    /// a rebuild's budget, so that it never starves the live versions. `None`: no limit.
+    pub max_rate: Option<u32>,
 }
 
 impl KafkaConfig {
@@ -94,12 +97,31 @@ impl KafkaConfig {
             linger: Duration::from_millis(1),
             commit_to_kafka: true,
             attempt_timeout: crate::db::Settings::default().attempt_timeout(),
+            max_rate: None,
         }
     }
 
     /// The group id of a view version.
     pub fn group_id(&self, consumer: &str) -> String {
         format!("{}.{}", self.group_prefix, consumer)
+    }
+
+    /// A configuration for a client that joins no group (reading metadata, watermarks,
+    /// offsets for a time): the brokers and every passed-through property, so TLS and SASL
+    /// apply to it too.
+    pub fn plain_client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers)
+            .set("group.id", format!("{}.tools", self.group_prefix))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "true")
+            .set("isolation.level", "read_committed")
+            .set_log_level(RDKafkaLogLevel::Error);
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        c
     }
 
     fn client_config(&self, consumer: &str) -> ClientConfig {
@@ -215,6 +237,27 @@ struct Shared {
     shutdown: CancellationToken,
     /// A fatal error from a worker, reported by `run`.
     fatal: Mutex<Option<SourceError>>,
+    /// The next moment a batch may start under `config.max_rate`.
+    rate_slot: tokio::sync::Mutex<tokio::time::Instant>,
+}
+
+impl Shared {
+    /// Under a rate limit, the moment a batch of `messages` may start: slots are handed out
+    /// in turn across the view's partitions, each as long as its messages take at the rate.
+    async fn reserve(&self, messages: usize) -> Option<tokio::time::Instant> {
+        let rate = self.config.max_rate.filter(|r| *r > 0)?;
+        let cost = rate_cost(messages, rate);
+        let mut next = self.rate_slot.lock().await;
+        let start = (*next).max(tokio::time::Instant::now());
+        *next = start + cost;
+        Some(start)
+    }
+}
+
+/// How long `messages` take at `rate` a second (integer arithmetic: no floats in this crate).
+fn rate_cost(messages: usize, rate: u32) -> Duration {
+    let nanos = (messages as u128) * 1_000_000_000 / u128::from(rate.max(1));
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 
 struct Context {
@@ -535,6 +578,12 @@ impl Worker {
         let shared = self.shared.clone();
         let consumer = shared.applier.consumer().to_owned();
         let mut backoff = Backoff::new();
+        if let Some(slot) = shared.reserve(batch.messages.len()).await {
+            tokio::select! {
+                _ = &mut *stop => return Applied::Stop,
+                _ = tokio::time::sleep_until(slot) => {}
+            }
+        }
         shared.observer.before_apply(&consumer, batch).await;
         loop {
             let result = match shared.pool.get().await {
@@ -687,6 +736,7 @@ pub async fn run_view(
         observer,
         shutdown: shutdown.clone(),
         fatal: Mutex::new(None),
+        rate_slot: tokio::sync::Mutex::new(tokio::time::Instant::now()),
         config,
     });
     let context = Context {
@@ -903,6 +953,13 @@ mod tests {
         };
         assert_eq!(tail.start_offset, 104);
         assert_eq!(tail.messages[0].offset, 105);
+    }
+
+    #[test]
+    fn a_rate_limit_costs_messages_over_rate_seconds() {
+        assert_eq!(rate_cost(500, 1000), Duration::from_millis(500));
+        assert_eq!(rate_cost(3, 2), Duration::from_millis(1500));
+        assert_eq!(rate_cost(1, 0), Duration::from_secs(1));
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! No snapshot query: a day's sums are history, not state the write side keeps, so a rebuild
 //! of `eod` replays from the earliest retained offsets.
 
+use std::sync::Arc;
+
 use projector_engine::event::{CASH_ADJUSTED, FILL_BUSTED, FILL_EXECUTED};
 use projector_engine::{ApplySql, DedupMode, Projection};
 
@@ -36,6 +38,10 @@ impl Projection for Eod {
 
     fn version(&self) -> i32 {
         self.version
+    }
+
+    fn at_version(&self, version: i32) -> Option<Arc<dyn Projection>> {
+        Some(Arc::new(Self::new(version)))
     }
 
     fn subscribes(&self) -> &[&str] {

@@ -6,6 +6,8 @@
 //! by the version filter. The rules and the tables are in `docs/views.md`; the SQL is in
 //! `portfolio.sql` beside this file.
 
+use std::sync::Arc;
+
 use projector_engine::event::{FILL_BUSTED, FILL_EXECUTED};
 use projector_engine::{ApplySql, DedupMode, Projection};
 
@@ -38,6 +40,10 @@ impl Projection for Portfolio {
 
     fn version(&self) -> i32 {
         self.version
+    }
+
+    fn at_version(&self, version: i32) -> Option<Arc<dyn Projection>> {
+        Some(Arc::new(Self::new(version)))
     }
 
     fn subscribes(&self) -> &[&str] {

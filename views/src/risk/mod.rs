@@ -6,6 +6,8 @@
 //! row (`risk_v<n>`), and a version filter guards one row. The rules are in `docs/views.md`;
 //! the SQL is in `risk.sql` beside this file.
 
+use std::sync::Arc;
+
 use projector_engine::event::{FILL_BUSTED, FILL_EXECUTED};
 use projector_engine::{ApplySql, DedupMode, Projection};
 
@@ -34,6 +36,10 @@ impl Projection for Risk {
 
     fn version(&self) -> i32 {
         self.version
+    }
+
+    fn at_version(&self, version: i32) -> Option<Arc<dyn Projection>> {
+        Some(Arc::new(Self::new(version)))
     }
 
     fn subscribes(&self) -> &[&str] {

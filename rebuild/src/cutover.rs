@@ -1,0 +1,273 @@
+//! Cutover, retirement and dropping: the registry changes that end a rebuild.
+//!
+//! **Cutover** is one transaction: the view's registry rows are locked (an emitting view's
+//! batches hold them shared, so none is in flight), the new version learns, per account, the
+//! `seq` up to which the old live version had applied events and emitted their notices (it
+//! emits only past it), the old version becomes `retired`, the new one `live`, and the stable
+//! read name is replaced. DDL is transactional in PostgreSQL: a reader blocked on the name
+//! while it is replaced finds the new one, never a missing name or a half-built version,
+//! even when the new version's columns differ.
+
+use std::sync::Arc;
+
+use deadpool_postgres::Client;
+use projector_engine::projection::render;
+use projector_engine::{Projection, Registry};
+
+use crate::error::{db, RebuildError};
+use crate::state;
+
+/// What a cutover did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CutoverReport {
+    /// The view.
+    pub name: String,
+    /// The version that was live before, if any.
+    pub old: Option<i32>,
+    /// The version live now.
+    pub new: i32,
+    /// Accounts the new version had applied further than the old one (it was healing them,
+    /// say): notices for those events were never emitted, by either version.
+    pub accounts_ahead: i64,
+}
+
+/// Makes `version` of `name` the live one.
+pub async fn cutover(
+    client: &mut Client,
+    registry: &Registry,
+    name: &str,
+    version: i32,
+) -> Result<CutoverReport, RebuildError> {
+    let code = registry.code_for(name, version)?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(db("starting the cutover"))?;
+    let rows = tx
+        .query(
+            "SELECT version, state, dropped_at IS NOT NULL FROM projector.views \
+             WHERE name = $1 ORDER BY version FOR UPDATE",
+            &[&name],
+        )
+        .await
+        .map_err(db("locking the view registry"))?;
+    let versions: Vec<(i32, String, bool)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let Some((_, state, dropped)) = versions.iter().find(|(v, _, _)| *v == version) else {
+        return Err(RebuildError::Refused(format!(
+            "{name} has no version {version}; versions: {}",
+            list(&versions)
+        )));
+    };
+    if *dropped || state == "retired" {
+        return Err(RebuildError::Refused(format!(
+            "{name} v{version} is retired; rebuild it into a new version instead"
+        )));
+    }
+    if state == "live" {
+        return Err(RebuildError::Refused(format!(
+            "{name} v{version} is already live"
+        )));
+    }
+    let old = versions
+        .iter()
+        .find(|(_, s, _)| s == "live")
+        .map(|(v, _, _)| *v);
+    let new_consumer = code.consumer();
+    let mut accounts_ahead = 0;
+    if let Some(old) = old {
+        let old_consumer = format!("{name}_v{old}");
+        accounts_ahead = tx
+            .query_one(
+                "SELECT count(*) FROM projector.account_progress n \
+                 JOIN projector.account_progress o ON o.consumer = $2 AND o.account_id = n.account_id \
+                 WHERE n.consumer = $1 AND n.last_seq > o.last_seq",
+                &[&new_consumer, &old_consumer],
+            )
+            .await
+            .map_err(db("comparing the versions"))?
+            .get(0);
+        tx.execute(
+            "INSERT INTO projector.account_progress (consumer, account_id, last_seq, emit_after_seq) \
+             SELECT $1, account_id, 0, last_seq FROM projector.account_progress WHERE consumer = $2 \
+             ON CONFLICT (consumer, account_id) DO UPDATE SET emit_after_seq = EXCLUDED.emit_after_seq",
+            &[&new_consumer, &old_consumer],
+        )
+        .await
+        .map_err(db("handing the notices over"))?;
+        tx.execute(
+            "UPDATE projector.views SET state = 'retired', state_changed_at = now() \
+             WHERE name = $1 AND version = $2",
+            &[&name, &old],
+        )
+        .await
+        .map_err(db("retiring the old version"))?;
+    }
+    tx.execute(
+        "UPDATE projector.views SET state = 'live', state_changed_at = now() \
+         WHERE name = $1 AND version = $2",
+        &[&name, &version],
+    )
+    .await
+    .map_err(db("making the new version live"))?;
+    tx.batch_execute(&format!(
+        "DROP VIEW IF EXISTS {name}; CREATE VIEW {name} AS {}",
+        render(&*code, &code.read_sql())
+    ))
+    .await
+    .map_err(db("replacing the stable read name"))?;
+    tx.execute(
+        "UPDATE projector.rebuilds SET phase = 'done', finished_at = now(), updated_at = now() \
+         WHERE consumer = $1 AND phase IN ('seeding', 'tailing')",
+        &[&new_consumer],
+    )
+    .await
+    .map_err(db("closing the rebuild"))?;
+    tx.commit().await.map_err(db("committing the cutover"))?;
+    Ok(CutoverReport {
+        name: name.to_owned(),
+        old,
+        new: version,
+        accounts_ahead,
+    })
+}
+
+fn list(versions: &[(i32, String, bool)]) -> String {
+    if versions.is_empty() {
+        return "none".to_owned();
+    }
+    versions
+        .iter()
+        .map(|(v, s, _)| format!("v{v} {s}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Retires `version` of `name` (a running service stops it within its refresh interval)
+/// and, with `drop`, drops its tables and everything the engine keeps under its consumer
+/// name. The live version cannot be retired: cut over to another first.
+pub async fn retire(
+    client: &mut Client,
+    registry: &Registry,
+    name: &str,
+    version: i32,
+    drop: bool,
+) -> Result<(), RebuildError> {
+    let versions = state::versions(client, name).await?;
+    let Some(row) = versions.iter().find(|v| v.version == version) else {
+        return Err(RebuildError::Refused(format!(
+            "{name} has no version {version}"
+        )));
+    };
+    if row.state == "live" {
+        return Err(RebuildError::Refused(format!(
+            "{name} v{version} is live; cut over to another version first"
+        )));
+    }
+    if let Some(r) = state::unfinished(client, name).await? {
+        if r.version == version {
+            return Err(RebuildError::Refused(format!(
+                "a rebuild is building {name} v{version}; stop it with `projector rebuild {name} --cancel`"
+            )));
+        }
+    }
+    client
+        .execute(
+            "UPDATE projector.views SET state = 'retired', state_changed_at = now() \
+             WHERE name = $1 AND version = $2 AND state <> 'retired'",
+            &[&name, &version],
+        )
+        .await
+        .map_err(db("retiring the version"))?;
+    if drop && !row.dropped {
+        let code = registry.code_for(name, version)?;
+        drop_version(client, &code).await?;
+        client
+            .execute(
+                "UPDATE projector.views SET dropped_at = now() WHERE name = $1 AND version = $2",
+                &[&name, &version],
+            )
+            .await
+            .map_err(db("recording the drop"))?;
+    }
+    Ok(())
+}
+
+/// Drops a version's tables and deletes its inbox rows (in batches, never one long
+/// DELETE), offsets, progress, waiting events, parks and dead letters.
+pub async fn drop_version(
+    client: &mut Client,
+    view: &Arc<dyn Projection>,
+) -> Result<(), RebuildError> {
+    let consumer = view.consumer();
+    for table in view.tables().iter().rev() {
+        client
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {} CASCADE",
+                render(&**view, table)
+            ))
+            .await
+            .map_err(db("dropping the version's tables"))?;
+    }
+    loop {
+        let deleted = client
+            .execute(
+                "DELETE FROM projector.inbox WHERE ctid = ANY(ARRAY( \
+                     SELECT ctid FROM projector.inbox WHERE consumer = $1 LIMIT 10000))",
+                &[&consumer],
+            )
+            .await
+            .map_err(db("deleting the version's inbox rows"))?;
+        if deleted == 0 {
+            break;
+        }
+    }
+    client
+        .execute(
+            "WITH o AS (DELETE FROM projector.offsets WHERE consumer = $1), \
+                  p AS (DELETE FROM projector.account_progress WHERE consumer = $1), \
+                  w AS (DELETE FROM projector.waiting_events WHERE consumer = $1), \
+                  k AS (DELETE FROM projector.parked_accounts WHERE consumer = $1), \
+                  s AS (DELETE FROM projector.snapshots WHERE consumer = $1) \
+             DELETE FROM projector.dead_letters WHERE consumer = $1",
+            &[&consumer],
+        )
+        .await
+        .map_err(db("deleting the version's bookkeeping"))?;
+    Ok(())
+}
+
+/// Cancels the rebuild of `name` under way: a running rebuild stops at its next look at
+/// the registry, and what it built is dropped, its registry row included, so the version
+/// number is free again. Returns the version.
+pub async fn cancel(
+    client: &mut Client,
+    registry: &Registry,
+    name: &str,
+) -> Result<i32, RebuildError> {
+    let Some(r) = state::unfinished(client, name).await? else {
+        return Err(RebuildError::Refused(format!(
+            "no rebuild of {name} is under way"
+        )));
+    };
+    client
+        .execute(
+            "UPDATE projector.rebuilds SET phase = 'cancelled', finished_at = now(), updated_at = now() \
+             WHERE name = $1 AND version = $2",
+            &[&name, &r.version],
+        )
+        .await
+        .map_err(db("cancelling the rebuild"))?;
+    let code = registry.code_for(name, r.version)?;
+    drop_version(client, &code).await?;
+    client
+        .execute(
+            "DELETE FROM projector.views WHERE name = $1 AND version = $2 AND state = 'building'",
+            &[&name, &r.version],
+        )
+        .await
+        .map_err(db("unregistering the cancelled version"))?;
+    Ok(r.version)
+}

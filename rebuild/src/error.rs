@@ -1,0 +1,66 @@
+//! Why a rebuild, a cutover, a retirement or a verification could not go on. Every message
+//! is one line that says what to do.
+
+use projector_engine::ViewError;
+
+/// A rebuild's failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RebuildError {
+    /// The view or its code for the version.
+    #[error(transparent)]
+    View(#[from] ViewError),
+    /// A request that contradicts the registry's state.
+    #[error("{0}")]
+    Refused(String),
+    /// `--from snapshot` for a view without a snapshot statement.
+    #[error("view {0} has no snapshot statement (Projection::snapshot_sql); rebuild it with --from earliest")]
+    NoSnapshot(String),
+    /// `--from earliest` on a log that no longer starts at every account's first event.
+    #[error("the log no longer starts at the first event: {detail}; rebuild --from snapshot, or pass --allow-gaps to build anyway (those accounts park until an engineer resolves them)")]
+    LogTrimmed {
+        /// Which partitions start late and how many accounts start past seq 1.
+        detail: String,
+    },
+    /// The topic does not exist.
+    #[error("topic {0:?} does not exist on the brokers")]
+    NoTopic(String),
+    /// A partition could not be read to its end in time.
+    #[error("timed out reading partition {0} of the log")]
+    LogTimeout(i32),
+    /// Kafka failed.
+    #[error("while {doing}: {source}")]
+    Kafka {
+        /// What was being done.
+        doing: &'static str,
+        /// librdkafka's error.
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+    /// PostgreSQL failed.
+    #[error("while {doing}: {}", describe(.error))]
+    Database {
+        /// What was being done.
+        doing: &'static str,
+        /// The driver's error, already described in the message.
+        error: tokio_postgres::Error,
+    },
+    /// No connection could be had.
+    #[error("cannot connect to PostgreSQL: {0}")]
+    Connect(String),
+    /// The tail stopped with an error.
+    #[error("the tail stopped: {0}")]
+    Tail(String),
+}
+
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+/// Wraps a driver error with what was being done.
+pub(crate) fn db(doing: &'static str) -> impl Fn(tokio_postgres::Error) -> RebuildError {
+    move |error| RebuildError::Database { doing, error }
+}

@@ -1,0 +1,112 @@
+//! Seeding a new version from the write side's snapshot, in one transaction.
+//!
+//! One `REPEATABLE READ` transaction runs the view's snapshot statement (which fills the new
+//! version's tables from the write side's `positions` and returns each account's watermark,
+//! the `seq` its state reflects), records the watermarks in `projector.account_progress`,
+//! and sets the new version's offsets to those Kafka returns for the snapshot's time minus a
+//! margin; the phase moves to `tailing` in the same commit. A crash anywhere before the commit
+//! leaves nothing: the next run seeds again. Events at or below an account's watermark are
+//! skipped by the engine, so the tail's overlap with the snapshot is harmless; the margin
+//! covers clock skew between the write side and the producers that stamp Kafka's times.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Client;
+use projector_engine::kafka::source::KafkaConfig;
+use projector_engine::projection::render;
+use projector_engine::Projection;
+use tokio_postgres::IsolationLevel;
+
+use crate::error::{db, RebuildError};
+use crate::log::Log;
+
+/// What a snapshot seeded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seeded {
+    /// Accounts whose watermark was recorded.
+    pub accounts: usize,
+    /// When the snapshot was taken.
+    pub taken_at: chrono::DateTime<chrono::Utc>,
+    /// Where the tail starts, per partition.
+    pub offsets: Vec<(i32, i64)>,
+}
+
+/// Seeds `view` from its snapshot statement and positions its tail. `snapshot_sql` is the
+/// view's statement (checked by the caller).
+pub async fn from_snapshot(
+    client: &mut Client,
+    view: &Arc<dyn Projection>,
+    snapshot_sql: &str,
+    kafka: &KafkaConfig,
+    margin: Duration,
+) -> Result<Seeded, RebuildError> {
+    let consumer = view.consumer();
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .map_err(db("starting the snapshot transaction"))?;
+    // The first statement fixes the transaction's snapshot; now() is when it began.
+    let taken_at: chrono::DateTime<chrono::Utc> = tx
+        .query_one("SELECT now()", &[])
+        .await
+        .map_err(db("taking the snapshot"))?
+        .get(0);
+    let watermarks = tx
+        .query(&render(&**view, snapshot_sql), &[])
+        .await
+        .map_err(db(
+            "running the view's snapshot statement (it reads the write side's tables, see docs/views.md)",
+        ))?;
+    let (accounts, seqs): (Vec<i64>, Vec<i64>) = watermarks
+        .iter()
+        .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1)))
+        .unzip();
+    tx.execute(
+        "INSERT INTO projector.account_progress (consumer, account_id, last_seq, watermark_seq) \
+         SELECT $1, a, w, w FROM unnest($2::bigint[], $3::bigint[]) AS x(a, w) \
+         ON CONFLICT (consumer, account_id) DO UPDATE \
+         SET last_seq = EXCLUDED.last_seq, watermark_seq = EXCLUDED.watermark_seq, updated_at = now()",
+        &[&consumer, &accounts, &seqs],
+    )
+    .await
+    .map_err(db("recording the watermarks"))?;
+
+    let from_ms =
+        taken_at.timestamp_millis() - i64::try_from(margin.as_millis()).unwrap_or(i64::MAX);
+    let config = kafka.clone();
+    let offsets = tokio::task::spawn_blocking(move || Log::connect(&config)?.offsets_at(from_ms))
+        .await
+        .map_err(|e| RebuildError::Tail(e.to_string()))??;
+    let (partitions, starts): (Vec<i32>, Vec<i64>) = offsets.iter().map(|(p, o)| (*p, *o)).unzip();
+    tx.execute(
+        "INSERT INTO projector.offsets (consumer, topic, partition, next_offset) \
+         SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS x(p, o) \
+         ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset",
+        &[&consumer, &kafka.topic, &partitions, &starts],
+    )
+    .await
+    .map_err(db("positioning the tail"))?;
+    tx.execute(
+        "INSERT INTO projector.snapshots (consumer, taken_at, accounts) VALUES ($1, $2, $3) \
+         ON CONFLICT (consumer) DO UPDATE SET taken_at = EXCLUDED.taken_at, accounts = EXCLUDED.accounts, recorded_at = now()",
+        &[&consumer, &taken_at, &(accounts.len() as i64)],
+    )
+    .await
+    .map_err(db("recording the snapshot"))?;
+    tx.execute(
+        "UPDATE projector.rebuilds SET phase = 'tailing', snapshot_at = $2, updated_at = now() \
+         WHERE consumer = $1",
+        &[&consumer, &taken_at],
+    )
+    .await
+    .map_err(db("recording the snapshot"))?;
+    tx.commit().await.map_err(db("committing the snapshot"))?;
+    Ok(Seeded {
+        accounts: accounts.len(),
+        taken_at,
+        offsets: partitions.into_iter().zip(starts).collect(),
+    })
+}

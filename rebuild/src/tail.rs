@@ -1,0 +1,334 @@
+//! The tail: the new version consumes the topic under its own consumer name and group,
+//! within a budget, while the live version keeps serving.
+//!
+//! Every tick it measures progress (events applied, lag per partition against the log's
+//! high watermarks, rate, ETA) and looks at its registry row: paused (stop consuming until
+//! resumed), cancelled (stop), cut over by someone else (stop). With automatic cutover it
+//! stops consuming once the lag is under the threshold and cuts over; the running services
+//! pick the new live version up.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::Pool;
+use projector_engine::kafka::source::{run_view, KafkaConfig, NoObserver, SourceError};
+use projector_engine::{Applier, Projection, Registry, SourceOrdering};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{db, RebuildError};
+use crate::log::{Extent, Log};
+use crate::state::{self, Cutover};
+use crate::{cutover, Options, Outcome};
+
+/// One partition's progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionLag {
+    /// The partition.
+    pub partition: i32,
+    /// Where the new version is: its next offset (the log's start before its first batch).
+    pub next_offset: i64,
+    /// The log's high watermark.
+    pub high: i64,
+}
+
+impl PartitionLag {
+    /// Messages still to consume.
+    pub fn lag(&self) -> i64 {
+        (self.high - self.next_offset).max(0)
+    }
+}
+
+/// A rebuild's progress, measured once a tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// The version's consumer name.
+    pub consumer: String,
+    /// Events applied so far.
+    pub applied: i64,
+    /// Messages consumed so far (applied, ignored, duplicates, dead letters, waiting).
+    pub consumed: i64,
+    /// Dead letters so far.
+    pub dead_letters: i64,
+    /// Accounts parked now.
+    pub parked: i64,
+    /// Per partition.
+    pub partitions: Vec<PartitionLag>,
+    /// Messages consumed per second over the last tick.
+    pub rate: i64,
+    /// Paused by an engineer.
+    pub paused: bool,
+}
+
+impl Status {
+    /// Messages still to consume, over every partition.
+    pub fn lag(&self) -> i64 {
+        self.partitions.iter().map(PartitionLag::lag).sum()
+    }
+
+    /// Time left at the current rate, when there is one.
+    pub fn eta(&self) -> Option<Duration> {
+        let rate = u64::try_from(self.rate).ok().filter(|r| *r > 0)?;
+        let lag = u64::try_from(self.lag()).unwrap_or(0);
+        Some(Duration::from_secs(lag.div_ceil(rate)))
+    }
+}
+
+/// Where a rebuild reports: a progress bar on a terminal, plain lines elsewhere.
+pub trait Progress: Send + Sync {
+    /// A step worth a line of its own.
+    fn message(&self, line: &str);
+    /// The tick's measurement.
+    fn status(&self, status: &Status);
+}
+
+/// Reports nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Silent;
+
+impl Progress for Silent {
+    fn message(&self, _: &str) {}
+    fn status(&self, _: &Status) {}
+}
+
+struct Consuming {
+    token: CancellationToken,
+    task: JoinHandle<Result<(), SourceError>>,
+}
+
+impl Consuming {
+    async fn stop(self) -> Result<(), RebuildError> {
+        self.token.cancel();
+        match self.task.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(RebuildError::Tail(e.to_string())),
+            Err(e) => Err(RebuildError::Tail(e.to_string())),
+        }
+    }
+}
+
+/// Tails until cutover, cancellation or `shutdown`.
+pub(crate) async fn run(
+    registry: &Registry,
+    pool: &Pool,
+    kafka: KafkaConfig,
+    options: &Options,
+    code: &Arc<dyn Projection>,
+    progress: &dyn Progress,
+    shutdown: CancellationToken,
+) -> Result<Outcome, RebuildError> {
+    let name = code.name().to_owned();
+    let version = code.version();
+    let consumer = code.consumer();
+    let applier = Arc::new(
+        Applier::new(Arc::clone(code), SourceOrdering::PerAccount).map_err(RebuildError::View)?,
+    );
+    let mut config = kafka.clone();
+    config.max_batch_messages = options.batch_messages.max(1);
+    config.max_batch_bytes = config.max_batch_bytes.max(16 << 20);
+    // Large batches fill faster than a live stream trickles: wait a little for them.
+    config.linger = config.linger.max(Duration::from_millis(20));
+    config.max_rate = options.max_rate;
+    let log = {
+        let k = kafka.clone();
+        tokio::task::spawn_blocking(move || Log::connect(&k))
+            .await
+            .map_err(|e| RebuildError::Tail(e.to_string()))??
+    };
+    let log = Arc::new(std::sync::Mutex::new(log));
+
+    let mut consuming: Option<Consuming> = None;
+    let mut last: Option<(Instant, i64)> = None;
+    // The log as it stood when the tail started: all of it is consumed before an automatic
+    // cutover, so a small topic is never cut over with its whole backlog under the lag
+    // threshold and unapplied.
+    let backlog: Vec<(i32, i64)> = {
+        let log = Arc::clone(&log);
+        tokio::task::spawn_blocking(move || match log.lock() {
+            Ok(l) => l.extents(),
+            Err(_) => Err(RebuildError::Tail("the log client panicked".to_owned())),
+        })
+        .await
+        .map_err(|e| RebuildError::Tail(e.to_string()))??
+        .into_iter()
+        .map(|e| (e.partition, e.high))
+        .collect()
+    };
+    let result = loop {
+        let row = state::of_version(
+            &pool
+                .get()
+                .await
+                .map_err(|e| RebuildError::Connect(e.to_string()))?,
+            &name,
+            version,
+        )
+        .await?;
+        let Some(row) = row else {
+            break Ok(Outcome::Cancelled { version });
+        };
+        match row.phase.as_str() {
+            "cancelled" => break Ok(Outcome::Cancelled { version }),
+            "done" => {
+                progress.message(&format!("{name} v{version} was cut over"));
+                break Ok(Outcome::Stopped { version });
+            }
+            _ => {}
+        }
+        let live_now = state::versions(
+            &pool
+                .get()
+                .await
+                .map_err(|e| RebuildError::Connect(e.to_string()))?,
+            &name,
+        )
+        .await?
+        .iter()
+        .any(|v| v.version == version && v.state == "live");
+        if live_now {
+            progress.message(&format!("{name} v{version} is live now"));
+            break Ok(Outcome::Stopped { version });
+        }
+        match (row.paused, consuming.is_some()) {
+            (true, true) => {
+                if let Some(c) = consuming.take() {
+                    c.stop().await?;
+                }
+                progress.message(&format!(
+                    "paused; resume with `projector rebuild {name} --resume`"
+                ));
+            }
+            (false, false) => {
+                let token = shutdown.child_token();
+                let task = tokio::spawn(run_view(
+                    applier.clone(),
+                    pool.clone(),
+                    config.clone(),
+                    Arc::new(NoObserver),
+                    token.clone(),
+                ));
+                consuming = Some(Consuming { token, task });
+            }
+            _ => {}
+        }
+        if let Some(c) = &consuming {
+            if c.task.is_finished() {
+                if let Some(c) = consuming.take() {
+                    c.stop().await?;
+                }
+                break Err(RebuildError::Tail(format!(
+                    "{consumer} stopped consuming; see the log"
+                )));
+            }
+        }
+
+        let status = measure(pool, &log, &consumer, row.paused, &mut last).await?;
+        progress.status(&status);
+        let backlog_done = backlog.iter().all(|(p, high)| {
+            status
+                .partitions
+                .iter()
+                .find(|s| s.partition == *p)
+                .is_none_or(|s| s.next_offset >= *high)
+        });
+        if row.cutover == Cutover::Auto
+            && !row.paused
+            && backlog_done
+            && status.lag() <= options.cutover_lag
+        {
+            if let Some(c) = consuming.take() {
+                c.stop().await?;
+            }
+            let mut client = pool
+                .get()
+                .await
+                .map_err(|e| RebuildError::Connect(e.to_string()))?;
+            let report = cutover::cutover(&mut client, registry, &name, version).await?;
+            break Ok(Outcome::CutOver(report));
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break Ok(Outcome::Stopped { version }),
+            _ = tokio::time::sleep(options.tick) => {}
+        }
+    };
+    if let Some(c) = consuming.take() {
+        c.stop().await?;
+    }
+    result
+}
+
+/// Reads the version's offsets and counters and the log's watermarks.
+async fn measure(
+    pool: &Pool,
+    log: &Arc<std::sync::Mutex<Log>>,
+    consumer: &str,
+    paused: bool,
+    last: &mut Option<(Instant, i64)>,
+) -> Result<Status, RebuildError> {
+    let extents: Vec<Extent> = {
+        let log = Arc::clone(log);
+        tokio::task::spawn_blocking(move || match log.lock() {
+            Ok(l) => l.extents(),
+            Err(_) => Err(RebuildError::Tail("the log client panicked".to_owned())),
+        })
+        .await
+        .map_err(|e| RebuildError::Tail(e.to_string()))??
+    };
+    let client = pool
+        .get()
+        .await
+        .map_err(|e| RebuildError::Connect(e.to_string()))?;
+    let rows = client
+        .query(
+            "SELECT partition, next_offset, applied, \
+                    applied + ignored + duplicates + dead_lettered + waiting - drained, dead_lettered \
+             FROM projector.offsets WHERE consumer = $1",
+            &[&consumer],
+        )
+        .await
+        .map_err(db("reading the rebuild's offsets"))?;
+    let parked: i64 = client
+        .query_one(
+            "SELECT count(*) FROM projector.parked_accounts WHERE consumer = $1",
+            &[&consumer],
+        )
+        .await
+        .map_err(db("counting parked accounts"))?
+        .get(0);
+    let (mut applied, mut consumed, mut dead) = (0i64, 0i64, 0i64);
+    let mut partitions = Vec::new();
+    for e in extents {
+        let row = rows.iter().find(|r| r.get::<_, i32>(0) == e.partition);
+        if let Some(r) = row {
+            applied += r.get::<_, i64>(2);
+            consumed += r.get::<_, i64>(3);
+            dead += r.get::<_, i64>(4);
+        }
+        partitions.push(PartitionLag {
+            partition: e.partition,
+            next_offset: row.map_or(e.low, |r| r.get(1)),
+            high: e.high,
+        });
+    }
+    let now = Instant::now();
+    let rate = match *last {
+        Some((at, before)) if now > at => {
+            let ms = i64::try_from(now.duration_since(at).as_millis())
+                .unwrap_or(i64::MAX)
+                .max(1);
+            (consumed - before).max(0) * 1000 / ms
+        }
+        _ => 0,
+    };
+    *last = Some((now, consumed));
+    Ok(Status {
+        consumer: consumer.to_owned(),
+        applied,
+        consumed,
+        dead_letters: dead,
+        parked,
+        partitions,
+        rate,
+        paused,
+    })
+}
