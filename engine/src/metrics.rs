@@ -12,6 +12,7 @@
 //! | `projector_dead_letters_total` | consumer, kind (`poison`, `apply_failed`, `conflict`) | messages dead-lettered |
 //! | `projector_events_waiting_total` | consumer | events that began waiting for an earlier `seq` |
 //! | `projector_events_drained_total` | consumer | waiting events that left the waiting table |
+//! | `projector_notices_total` | consumer | notices the live version's statements emitted |
 //! | `projector_batch_seconds` | consumer | time from BEGIN to COMMIT of a batch |
 
 use std::time::Duration;
@@ -34,6 +35,7 @@ pub(crate) struct ViewMetrics {
     conflicts: Counter,
     waiting: Counter,
     drained: Counter,
+    notices: Counter,
     batch_seconds: Histogram,
 }
 
@@ -53,6 +55,7 @@ impl ViewMetrics {
             conflicts: counter!("projector_dead_letters_total", "consumer" => c.clone(), "kind" => "conflict"),
             waiting: counter!("projector_events_waiting_total", "consumer" => c.clone()),
             drained: counter!("projector_events_drained_total", "consumer" => c.clone()),
+            notices: counter!("projector_notices_total", "consumer" => c.clone()),
             batch_seconds: histogram!("projector_batch_seconds", "consumer" => c),
         }
     }
@@ -69,6 +72,7 @@ impl ViewMetrics {
         self.conflicts.increment(counts.conflicts);
         self.waiting.increment(counts.waiting);
         self.drained.increment(counts.drained);
+        self.notices.increment(counts.notices);
         self.batch_seconds.record(elapsed);
     }
 }

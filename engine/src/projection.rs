@@ -66,8 +66,9 @@ pub enum SourceOrdering {
 /// ```
 ///
 /// `ev` has the columns `event_id text, account_id bigint, seq bigint, type text,
-/// occurred_at timestamptz, data jsonb`, and holds only events that are new to this view
-/// version and of a type it subscribes to. Unless the view is order-independent, `ev` holds
+/// occurred_at timestamptz, data jsonb, emit boolean`, and holds only events that are new to
+/// this view version and of a type it subscribes to (`emit`: see
+/// [`Projection::notices_sql`]). Unless the view is order-independent, `ev` holds
 /// at most one event per account. `{v}` in either part is replaced by the view's version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApplySql {
@@ -116,6 +117,19 @@ pub trait Projection: Send + Sync + 'static {
     /// Body of the stable read name: a `SELECT` over this version's tables. The engine
     /// creates `CREATE VIEW <name> AS <read_sql>` for the live version.
     fn read_sql(&self) -> String;
+
+    /// Side effects: a data-modifying statement that inserts notices into `projector.notices`
+    /// for a relay to publish, composed after `written` (which it may read, with the
+    /// view's CTEs and `ev`) as `notified AS (<notices_sql>)`. It must insert only for events
+    /// whose `ev.emit` is true, only from rows the write really created (read them from
+    /// `written`'s `RETURNING`, never from the attempt), end in `ON CONFLICT (view_name,
+    /// kind, event_id) DO NOTHING RETURNING 1`. The engine sets `emit` only in the live
+    /// version, and only past the events the version it replaced had applied: a rebuild
+    /// replaying a year of history emits nothing. Supported for order-dependent views (the
+    /// hand-over at cutover is per account and `seq`). `None` (the default): no notices.
+    fn notices_sql(&self) -> Option<String> {
+        None
+    }
 
     /// A query over the write side's authoritative state, for rebuilds from a snapshot.
     fn snapshot_sql(&self) -> Option<String> {

@@ -49,7 +49,7 @@ pub const ENSURE_PROGRESS: &str =
 /// the events waiting behind it would wait for ever. Locked in account order (the lock
 /// sits above the sort), like [`ENSURE_PROGRESS`].
 pub const LOCK_ACCOUNTS: &str =
-    "SELECT p.account_id, p.last_seq, p.last_event_id, p.watermark_seq, k.blocked_seq \
+    "SELECT p.account_id, p.last_seq, p.last_event_id, p.watermark_seq, k.blocked_seq, p.emit_after_seq \
      FROM projector.account_progress p \
      LEFT JOIN projector.parked_accounts k ON k.consumer = p.consumer AND k.account_id = p.account_id \
      WHERE p.consumer = $1 AND p.account_id = ANY($2::bigint[]) \
@@ -58,7 +58,7 @@ pub const LOCK_ACCOUNTS: &str =
 /// Progress and parked state of the batch's accounts, unlocked: for order-independent views,
 /// which read only the rebuild watermark and never park.
 pub const READ_ACCOUNTS: &str =
-    "SELECT a.account_id, p.last_seq, p.last_event_id, p.watermark_seq, k.blocked_seq \
+    "SELECT a.account_id, p.last_seq, p.last_event_id, p.watermark_seq, k.blocked_seq, p.emit_after_seq \
      FROM unnest($2::bigint[]) AS a(account_id) \
      LEFT JOIN projector.account_progress p ON p.consumer = $1 AND p.account_id = a.account_id \
      LEFT JOIN projector.parked_accounts k ON k.consumer = $1 AND k.account_id = a.account_id";
@@ -165,10 +165,22 @@ pub const ROLLBACK_BATCH_SAVEPOINT: &str =
 /// Opens the engine's prefix of every view statement: the batch as a relation, the inbox
 /// insert, and `ev`, the events this view version has not applied yet. `{inbox}` is replaced
 /// by the inbox CTE or by a pass-through for views without one.
+///
+/// `emit` says whether the event may emit notices: this version is live and the event lies
+/// past the boundary its cutover set (see [`VIEW_IS_LIVE`]).
 pub const STATEMENT_PREFIX: &str = "WITH batch AS (\
-     SELECT b.event_id, b.account_id, b.seq, b.type, b.occurred_at, b.data::jsonb AS data \
-     FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::timestamptz[], $7::text[]) \
-          AS b(event_id, account_id, seq, type, occurred_at, data)), ";
+     SELECT b.event_id, b.account_id, b.seq, b.type, b.occurred_at, b.data::jsonb AS data, b.emit \
+     FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::timestamptz[], $7::text[], \
+                 $8::boolean[]) \
+          AS b(event_id, account_id, seq, type, occurred_at, data, emit)), ";
+
+/// Whether this view version is live, for a view that emits notices, held shared until the
+/// batch commits: a cutover locks the row for update, so it waits for every batch in flight
+/// and every later batch sees its outcome. That makes the hand-over of notices exact: the
+/// old version emitted for exactly the events it applied before the cutover, and the new one
+/// emits only past them (`account_progress.emit_after_seq`).
+pub const VIEW_IS_LIVE: &str = "SELECT state = 'live' FROM projector.views \
+     WHERE name = $1 AND version = $2 FOR KEY SHARE";
 
 /// The inbox guard: only rows this statement inserts come back, so `ev` holds exactly the
 /// events this view version sees for the first time.

@@ -96,6 +96,8 @@ pub struct Applier {
     metrics: ViewMetrics,
     /// Recorded on every offset this applier moves (`projector.offsets.committed_by`).
     owner: String,
+    /// The view emits notices: each batch reads (and holds shared) whether it is live.
+    emits: bool,
 }
 
 impl std::fmt::Debug for Applier {
@@ -117,6 +119,7 @@ impl Applier {
         check_compatible(&*projection, ordering)?;
         let consumer = projection.consumer();
         let ordered = !projection.order_independent();
+        let emits = projection.notices_sql().is_some();
         let tracking = match (ordering, ordered) {
             (SourceOrdering::Unordered, _) => Tracking::None,
             (SourceOrdering::PerAccount, false) => Tracking::Watermark,
@@ -135,6 +138,7 @@ impl Applier {
             consumer,
             projection,
             owner: default_owner(),
+            emits,
         })
     }
 
@@ -259,10 +263,14 @@ impl Applier {
         // Every statement is prepared before any is sent: a prepared statement goes out when
         // its future is first polled, so the offset row is locked before the accounts are,
         // in every writer. A cache miss on one of them must not let the others overtake it.
-        let (lock, account_statements) =
-            futures::try_join!(self.prepare_lock(tx), self.prepare_accounts(tx))?;
-        let (fence, states) = futures::try_join!(
+        let (lock, is_live, account_statements) = futures::try_join!(
+            self.prepare_lock(tx),
+            self.prepare_is_live(tx),
+            self.prepare_accounts(tx)
+        )?;
+        let (fence, live, states) = futures::try_join!(
             self.lock_offset(tx, batch, &lock),
+            self.is_live(tx, is_live.as_ref()),
             self.load_accounts(tx, account_statements.as_ref(), &accounts)
         )?;
         match fence {
@@ -278,6 +286,7 @@ impl Applier {
             }
         }
 
+        work.live = live;
         self.plan(tx, &mut work, states).await?;
         let release = self.execute(tx, &mut work).await?;
         work.settle(self.ordered, &|e| self.sends(e));
@@ -381,6 +390,36 @@ impl Applier {
         Ok(Fence::Lost(stored))
     }
 
+    async fn prepare_is_live(&self, tx: &Transaction<'_>) -> Result<Option<Statement>, ApplyError> {
+        if !self.emits {
+            return Ok(None);
+        }
+        tx.prepare_cached(queries::VIEW_IS_LIVE)
+            .await
+            .map(Some)
+            .map_err(self.db("reading the view's state"))
+    }
+
+    /// Whether this version is live, for a view that emits notices (held shared until the
+    /// batch commits, so a cutover waits for it).
+    async fn is_live(
+        &self,
+        tx: &Transaction<'_>,
+        statement: Option<&Statement>,
+    ) -> Result<bool, ApplyError> {
+        let Some(statement) = statement else {
+            return Ok(false);
+        };
+        let row = tx
+            .query_opt(
+                statement,
+                &[&self.projection.name(), &self.projection.version()],
+            )
+            .await
+            .map_err(self.db("reading the view's state"))?;
+        Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
+    }
+
     /// The statements that load the batch's accounts: for an order-dependent view, the one
     /// that creates missing progress rows and the one that locks them; for an
     /// order-independent one, a plain read.
@@ -445,6 +484,7 @@ impl Applier {
                         last_event_id: row.get(2),
                         watermark: row.get(3),
                         blocked: row.get(4),
+                        emit_after: row.get(5),
                     },
                 )
             })

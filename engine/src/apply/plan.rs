@@ -65,6 +65,8 @@ pub(crate) struct AccountState {
     pub watermark: Option<i64>,
     /// The `seq` the account is parked at, if it is.
     pub blocked: Option<i64>,
+    /// The version this one replaced had applied (and emitted for) events up to this `seq`.
+    pub emit_after: Option<i64>,
 }
 
 /// One account's work in this batch.
@@ -107,6 +109,8 @@ pub(crate) struct Work<'b> {
     /// one statement must not see an event twice, and the first one applies it.
     pub repeated: HashSet<Item>,
     pub counts: Counts,
+    /// This version is live and its view emits notices: events past the boundary may emit.
+    pub live: bool,
 }
 
 impl<'b> Work<'b> {
@@ -123,6 +127,7 @@ impl<'b> Work<'b> {
             accounts: Vec::new(),
             conflicts: Vec::new(),
             repeated: HashSet::new(),
+            live: false,
             counts: Counts {
                 poison,
                 ..Counts::default()

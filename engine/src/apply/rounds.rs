@@ -41,7 +41,17 @@ pub fn compose_statement(projection: &dyn Projection) -> String {
     // Each part ends with a newline, so a view's SQL may end in a `--` comment.
     s.push_str("\n,\nwritten AS (");
     s.push_str(&render(projection, sql.write.trim().trim_end_matches(';')));
-    s.push_str("\n)\nSELECT (SELECT count(*) FROM ev), (SELECT count(*) FROM written)");
+    s.push_str("\n)");
+    match projection.notices_sql() {
+        Some(notices) => {
+            s.push_str(",\nnotified AS (");
+            s.push_str(&render(projection, notices.trim().trim_end_matches(';')));
+            s.push_str("\n)\nSELECT (SELECT count(*) FROM ev), (SELECT count(*) FROM written), (SELECT count(*) FROM notified)");
+        }
+        None => s.push_str(
+            "\nSELECT (SELECT count(*) FROM ev), (SELECT count(*) FROM written), 0::bigint",
+        ),
+    }
     s
 }
 
@@ -54,18 +64,21 @@ pub(crate) struct Columns<'a> {
     pub types: Vec<&'a str>,
     pub times: Vec<DateTime<Utc>>,
     pub data: Vec<&'a str>,
+    pub emit: Vec<bool>,
 }
 
 impl<'a> Columns<'a> {
-    pub(crate) fn new<I: IntoIterator<Item = &'a Event>>(events: I) -> Self {
+    /// The columns of `events`, each with whether it may emit notices.
+    pub(crate) fn new<I: IntoIterator<Item = (&'a Event, bool)>>(events: I) -> Self {
         let mut c = Columns::default();
-        for ev in events {
+        for (ev, emit) in events {
             c.ids.push(&ev.event_id);
             c.accounts.push(ev.account_id);
             c.seqs.push(ev.seq);
             c.types.push(&ev.event_type);
             c.times.push(ev.occurred_at);
             c.data.push(&ev.data);
+            c.emit.push(emit);
         }
         c
     }
@@ -130,12 +143,13 @@ impl Applier {
         statement: &Statement,
         work: &Work<'_>,
         round: &[Slot],
-    ) -> Result<(i64, i64), tokio_postgres::Error> {
-        let c = Columns::new(
-            round
-                .iter()
-                .filter_map(|&(a, k)| work.event(work.accounts[a].plan.emitted[k].1)),
-        );
+    ) -> Result<(i64, i64, i64), tokio_postgres::Error> {
+        let c = Columns::new(round.iter().filter_map(|&(a, k)| {
+            let acc = &work.accounts[a];
+            let event = work.event(acc.plan.emitted[k].1)?;
+            let past = acc.initial.emit_after.is_none_or(|after| event.seq > after);
+            Some((event, work.live && past))
+        }));
         let row = tx
             .query_one(
                 statement,
@@ -147,15 +161,22 @@ impl Applier {
                     &c.types,
                     &c.times,
                     &c.data,
+                    &c.emit,
                 ],
             )
             .await?;
-        Ok((row.get(0), row.get(1)))
+        Ok((row.get(0), row.get(1), row.get(2)))
     }
 
     /// Counts what one statement did with the `sent` events: `|batch| - |ev|` were already in
     /// the inbox; with a version filter, `|ev| - |written|` were dropped by it.
-    fn count_statement(&self, counts: &mut Counts, sent: usize, (fresh, written): (i64, i64)) {
+    fn count_statement(
+        &self,
+        counts: &mut Counts,
+        sent: usize,
+        (fresh, written, notified): (i64, i64, i64),
+    ) {
+        counts.notices += u64::try_from(notified).unwrap_or(0);
         let sent = sent as u64;
         let fresh = u64::try_from(fresh).unwrap_or(0);
         let written = u64::try_from(written).unwrap_or(0);
@@ -209,7 +230,7 @@ impl Applier {
         tx: &Transaction<'_>,
         work: &Work<'_>,
         rounds: &[Vec<Slot>],
-    ) -> Result<Vec<(i64, i64)>, tokio_postgres::Error> {
+    ) -> Result<Vec<(i64, i64, i64)>, tokio_postgres::Error> {
         let statement = tx.prepare_cached(&self.statement).await?;
         // try_join! polls in order, and tokio-postgres sends a request when it is first
         // polled: the savepoint goes out before the rounds.
@@ -319,7 +340,7 @@ mod tests {
                 data: "{}".to_owned(),
             },
         ];
-        let c = Columns::new(&events);
+        let c = Columns::new(events.iter().zip([true, false]));
         assert_eq!(c.ids, ["b", "a"]);
         assert_eq!(c.accounts, [2, 1]);
         assert_eq!(c.seqs, [7, 3]);
@@ -329,6 +350,7 @@ mod tests {
             [at("2026-11-29T10:15:00Z"), at("2026-11-30T00:00:00Z")]
         );
         assert_eq!(c.data, ["{\"x\":1}", "{}"]);
-        assert_eq!(Columns::new(&[]), Columns::default());
+        assert_eq!(c.emit, [true, false]);
+        assert_eq!(Columns::new([]), Columns::default());
     }
 }

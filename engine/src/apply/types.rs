@@ -66,6 +66,8 @@ pub struct Counts {
     pub waiting: u64,
     /// Events that waited from earlier batches and left the waiting table in this one.
     pub drained: u64,
+    /// Notices the view's statement emitted (the live version only).
+    pub notices: u64,
 }
 
 impl std::ops::AddAssign<&Counts> for Counts {
@@ -81,6 +83,7 @@ impl std::ops::AddAssign<&Counts> for Counts {
         self.conflicts += c.conflicts;
         self.waiting += c.waiting;
         self.drained += c.drained;
+        self.notices += c.notices;
     }
 }
 

@@ -69,6 +69,10 @@ impl Projection for Portfolio {
         }
     }
 
+    fn notices_sql(&self) -> Option<String> {
+        Some(SQL.section("notices").to_owned())
+    }
+
     fn read_sql(&self) -> String {
         SQL.section("read").to_owned()
     }
@@ -89,7 +93,10 @@ mod tests {
             .ddl()
             .contains("CREATE TABLE IF NOT EXISTS portfolio_v{v}"));
         let sql = view.apply_sql();
-        assert!(sql.write.ends_with("RETURNING 1"));
+        assert!(sql.write.ends_with("RETURNING account_id, symbol, version"));
+        assert!(view
+            .notices_sql()
+            .is_some_and(|n| n.contains("WHERE ev.emit")));
         assert!(sql
             .write
             .contains("WHERE portfolio_v{v}.version < EXCLUDED.version"));

@@ -44,6 +44,7 @@ pf_before AS (
 ),
 pf_after AS (
     SELECT account_id, symbol, seq, occurred_at,
+           q AS net_qty_before,
            q + s * x AS net_qty,
            CASE
                -- Opening or adding: the weighted average (|q| a + x p) / (|q| + x), rounded
@@ -75,7 +76,8 @@ pf_after AS (
 
 -- name: write
 -- One event writes exactly one row, which is what lets the engine count the events the
--- version filter dropped as |ev| - |written|.
+-- version filter dropped as |ev| - |written|. It returns the row's key and version, so the
+-- notices below come only from rows this statement really wrote.
 INSERT INTO portfolio_v{v} (account_id, symbol, net_qty, avg_price, realized_pnl, last_trade_at, version)
 SELECT account_id, symbol, net_qty, avg_price, realized_pnl, occurred_at, seq
 FROM pf_after
@@ -89,6 +91,30 @@ ON CONFLICT (account_id, symbol) DO UPDATE SET
 -- valid only because an account's events arrive in seq order (the engine refuses this view
 -- on an unordered source); an event at or below the row's version was already applied.
 WHERE portfolio_v{v}.version < EXCLUDED.version
+RETURNING account_id, symbol, version
+
+-- name: notices
+-- A position closed (back to flat) or flipped (long to short or back) by an event: a notice
+-- for a relay to publish (docs/views.md). Only rows the write really created count (a row
+-- the version filter kept out is not in `written`), and only events the engine marks `emit`:
+-- the live version's, past what the version it replaced had applied. The unique key drops
+-- a notice some version already emitted for the same event.
+INSERT INTO projector.notices (view_name, consumer, kind, event_id, account_id, seq, payload)
+SELECT 'portfolio', $1,
+       CASE WHEN a.net_qty = 0 THEN 'position_closed' ELSE 'position_flipped' END,
+       ev.event_id, a.account_id, a.seq,
+       jsonb_build_object('symbol', a.symbol,
+                          'net_qty_before', a.net_qty_before::text,
+                          'net_qty', a.net_qty::text,
+                          'realized_pnl', a.realized_pnl::text,
+                          'occurred_at', a.occurred_at)
+FROM written w
+JOIN pf_after a ON a.account_id = w.account_id AND a.symbol = w.symbol AND a.seq = w.version
+JOIN ev ON ev.account_id = a.account_id AND ev.seq = a.seq
+WHERE ev.emit
+  AND a.net_qty_before <> 0
+  AND (a.net_qty = 0 OR sign(a.net_qty) <> sign(a.net_qty_before))
+ON CONFLICT (view_name, kind, event_id) DO NOTHING
 RETURNING 1
 
 -- name: read
