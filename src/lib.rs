@@ -26,6 +26,8 @@
 //! - [`publish`]: `projector publish`, JSON lines to Kafka.
 //! - [`dev_broker`]: `projector dev-broker`, a local Kafka broker.
 //! - [`bench`]: `projector bench`, the flags and output of the benchmark.
+//! - [`dlq`]: `projector dlq` and `projector parked`: dead letters and parked accounts,
+//!   listed, shown, retried or skipped.
 //! - [`rebuild`]: `projector rebuild`, `verify`, `cutover` and `retire`: a view rebuilt into a
 //!   new version while live.
 
@@ -38,6 +40,7 @@ pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod dev_broker;
+pub mod dlq;
 pub mod migrate;
 pub mod publish;
 pub mod rebuild;
@@ -82,6 +85,12 @@ enum Command {
     Cutover(rebuild::CutoverArgs),
     /// Retire a version of a view that is not live, and optionally drop it.
     Retire(rebuild::RetireArgs),
+    /// Dead letters: list, show, retry from the stored bytes, skip (recorded).
+    #[command(subcommand)]
+    Dlq(dlq::Dlq),
+    /// Parked accounts: list, retry, skip a lost seq (recorded).
+    #[command(subcommand)]
+    Parked(dlq::Parked),
 }
 
 /// Runs the command line of the process's arguments with the views `registry` builds, and
@@ -152,6 +161,8 @@ pub fn main(registry: impl FnOnce() -> Result<Registry, ViewError>) -> ExitCode 
             }
             Command::Cutover(args) => rebuild::run_cutover(&url(), &registry()?, args).await,
             Command::Retire(args) => rebuild::run_retire(&url(), &registry()?, args).await,
+            Command::Dlq(command) => dlq::run_dlq(&url(), &registry()?, command).await,
+            Command::Parked(command) => dlq::run_parked(&url(), &registry()?, command).await,
         }
     });
     match result {

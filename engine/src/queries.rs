@@ -82,14 +82,17 @@ pub const SAVE_PROGRESS: &str = "UPDATE projector.account_progress p \
      FROM unnest($2::bigint[], $3::bigint[], $4::text[]) AS x(a, s, e) \
      WHERE p.consumer = $1 AND p.account_id = x.a AND p.last_seq <= x.s";
 
-/// Dead letters, with the raw bytes. `ON CONFLICT DO NOTHING`: a message is dead-lettered
-/// once per view version.
+/// Dead letters, with the raw bytes. A message is dead-lettered once per view version: when
+/// it fails again (a retry, or a waiting event that no longer decodes), its open row takes
+/// the newest error.
 pub const INSERT_DEAD_LETTERS: &str = "INSERT INTO projector.dead_letters \
      (consumer, topic, partition, \"offset\", kind, message_key, payload, event_id, account_id, seq, error) \
      SELECT $1, t, p, o, k, mk, pl, e, a, s, err \
      FROM unnest($2::text[], $3::int[], $4::bigint[], $5::text[], $6::bytea[], $7::bytea[], \
                  $8::text[], $9::bigint[], $10::bigint[], $11::text[]) AS x(t, p, o, k, mk, pl, e, a, s, err) \
-     ON CONFLICT (consumer, topic, partition, \"offset\") DO NOTHING";
+     ON CONFLICT (consumer, topic, partition, \"offset\") DO UPDATE \
+     SET kind = EXCLUDED.kind, error = EXCLUDED.error \
+     WHERE projector.dead_letters.resolved_at IS NULL";
 
 /// Events that must wait, with their raw bytes.
 pub const INSERT_WAITING: &str = "INSERT INTO projector.waiting_events \

@@ -22,6 +22,7 @@ mod kafka_partitioner;
 mod kafka_process;
 mod kafka_publish;
 mod kafka_source;
+mod ops_repairs;
 mod rebuild_notices;
 mod views_conformance;
 mod views_golden;

@@ -47,6 +47,7 @@ struct DeadLetters<'a> {
     account_id: Vec<Option<i64>>,
     seq: Vec<Option<i64>>,
     error: Vec<String>,
+    seen: std::collections::HashSet<(&'a str, i32, i64)>,
 }
 
 impl Advance<'_> {
@@ -84,6 +85,14 @@ impl Advance<'_> {
 
 impl<'a> DeadLetters<'a> {
     fn push(&mut self, d: DeadLetter<'a>) {
+        // One row per message: the insert's conflict clause updates the open row, and one
+        // statement may not update a row twice.
+        if !self
+            .seen
+            .insert((d.source.topic, d.source.partition, d.source.offset))
+        {
+            return;
+        }
         self.topic.push(d.source.topic);
         self.partition.push(d.source.partition);
         self.offset.push(d.source.offset);

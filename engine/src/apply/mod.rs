@@ -20,9 +20,13 @@
 //!   duplicates and conflicts; settling statement failures into the plan.
 //! - `rounds` (private): the composed statement, rounds, their columns, failure isolation.
 //! - `bookkeeping` (private): everything a batch records besides the view's rows.
+//! - `repair` (private): retrying a dead letter, skipping a lost `seq`, draining a parked
+//!   account, through the same path (`Applier::retry_dead_letter`, `skip_seq`,
+//!   `drain_account`).
 
 mod bookkeeping;
 mod plan;
+mod repair;
 mod rounds;
 pub mod types;
 

@@ -111,6 +111,9 @@ pub(crate) struct Work<'b> {
     pub counts: Counts,
     /// This version is live and its view emits notices: events past the boundary may emit.
     pub live: bool,
+    /// Accounts to plan although the batch holds none of their events: a repair drains
+    /// what waits for them.
+    pub extra_accounts: Vec<i64>,
 }
 
 impl<'b> Work<'b> {
@@ -128,6 +131,7 @@ impl<'b> Work<'b> {
             conflicts: Vec::new(),
             repeated: HashSet::new(),
             live: false,
+            extra_accounts: Vec::new(),
             counts: Counts {
                 poison,
                 ..Counts::default()
@@ -141,6 +145,7 @@ impl<'b> Work<'b> {
             .decoded
             .iter()
             .filter_map(|d| d.event().map(|e| e.account_id))
+            .chain(self.extra_accounts.iter().copied())
             .collect();
         ids.sort_unstable();
         ids.dedup();
@@ -209,6 +214,9 @@ impl<'b> Work<'b> {
                     .or_default()
                     .insert(s.seq, Item::Stored(i));
             }
+        }
+        for &account in &self.extra_accounts {
+            incoming.entry(account).or_default();
         }
         for (account_id, events) in incoming {
             let initial = states.remove(&account_id).unwrap_or_default();

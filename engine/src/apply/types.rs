@@ -143,6 +143,15 @@ pub enum ApplyError {
         /// The first offset out of place.
         offset: i64,
     },
+    /// A repair that the account's state does not allow (skipping a `seq` it does not wait
+    /// for, say). Nothing was written.
+    #[error("{consumer}: {reason}")]
+    Refused {
+        /// View version.
+        consumer: String,
+        /// Why, and what to do instead.
+        reason: String,
+    },
     /// PostgreSQL failed in a way no single event explains (connection lost, deadlock, a
     /// broken view statement). The batch can be retried.
     #[error("{consumer}: while {doing}: {}", crate::apply::rounds::describe_db_error(.error))]

@@ -1,0 +1,191 @@
+//! Repairs an engineer makes, through the same guarded apply path as the stream: a dead
+//! letter retried from its stored bytes, a lost `seq` skipped on purpose, a parked account's
+//! waiting events drained. Each runs in one transaction that locks the account's progress
+//! row like a batch does, so it takes turns with the live stream; none moves an offset (the
+//! stream's counters say what happened when each message was consumed).
+
+use deadpool_postgres::{Client, Transaction};
+
+use crate::apply::plan::Work;
+use crate::apply::types::{ApplyError, Batch, Counts, Disposition};
+use crate::apply::Applier;
+use crate::event::Message;
+use crate::queries;
+
+impl Applier {
+    /// Retries dead letter `id` of this view version from its stored bytes, through the
+    /// apply path, as if it arrived now: decoded again (validation may have changed, the
+    /// producer's fix may be in a view's code), sequenced, guarded by the inbox. In the same
+    /// transaction the dead letter is marked retried, unless it fails again: then it stays
+    /// open with its new error. Its offset does not move. Returns what became of it.
+    pub async fn retry_dead_letter(
+        &self,
+        client: &mut Client,
+        id: i64,
+        retried_by: &str,
+    ) -> Result<(Disposition, Counts), ApplyError> {
+        let mut tx = client
+            .transaction()
+            .await
+            .map_err(self.db("beginning the transaction"))?;
+        let err = self.db("reading the dead letter");
+        let Some(row) = tx
+            .query_opt(
+                "SELECT topic, partition, \"offset\", message_key, payload, resolved_at IS NOT NULL \
+                 FROM projector.dead_letters WHERE id = $1 AND consumer = $2 FOR UPDATE",
+                &[&id, &self.consumer],
+            )
+            .await
+            .map_err(&err)?
+        else {
+            return Err(ApplyError::Refused {
+                consumer: self.consumer.clone(),
+                reason: format!("no dead letter {id} for {}", self.consumer),
+            });
+        };
+        if row.get::<_, bool>(5) {
+            return Err(ApplyError::Refused {
+                consumer: self.consumer.clone(),
+                reason: format!("dead letter {id} is resolved already"),
+            });
+        }
+        let offset: i64 = row.get(2);
+        let batch = Batch {
+            topic: row.get(0),
+            partition: row.get(1),
+            start_offset: offset,
+            messages: vec![Message::new(offset, row.get(3), row.get::<_, Vec<u8>>(4))],
+        };
+        let decoded = batch.messages.iter().map(|m| self.decode(m)).collect();
+        let mut work = Work::new(&batch, decoded);
+        let counts = self.repair_in(&mut tx, &mut work).await?;
+        let disposition = work.dispositions[0];
+        if disposition != Disposition::DeadLettered {
+            tx.execute(
+                "UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'retried', \
+                     resolved_by = $2, resolution_note = $3 WHERE id = $1",
+                &[&id, &retried_by, &format!("{disposition:?}").to_lowercase()],
+            )
+            .await
+            .map_err(self.db("resolving the dead letter"))?;
+        }
+        tx.commit().await.map_err(self.db("committing"))?;
+        Ok((disposition, counts))
+    }
+
+    /// Records `seq` of `account` as skipped (who and why, in `projector.skips`), resolves
+    /// its open dead letters as skipped, and applies what waited behind it, in `seq` order.
+    /// Refused unless the account waits for exactly that `seq`.
+    pub async fn skip_seq(
+        &self,
+        client: &mut Client,
+        account: i64,
+        seq: i64,
+        skipped_by: &str,
+        reason: &str,
+    ) -> Result<Counts, ApplyError> {
+        if !self.ordered {
+            return Err(ApplyError::Refused {
+                consumer: self.consumer.clone(),
+                reason: "the view is order-independent: nothing waits for a seq there".to_owned(),
+            });
+        }
+        let mut tx = client
+            .transaction()
+            .await
+            .map_err(self.db("beginning the transaction"))?;
+        let err = self.db("skipping a seq");
+        tx.execute(queries::ENSURE_PROGRESS, &[&self.consumer, &vec![account]])
+            .await
+            .map_err(&err)?;
+        let row = tx
+            .query_one(queries::LOCK_ACCOUNTS, &[&self.consumer, &vec![account]])
+            .await
+            .map_err(&err)?;
+        let last_seq: i64 = row.get(1);
+        let watermark: Option<i64> = row.get(3);
+        let next = last_seq.max(watermark.unwrap_or(0)) + 1;
+        if seq != next {
+            return Err(ApplyError::Refused {
+                consumer: self.consumer.clone(),
+                reason: format!(
+                    "account {account} waits for seq {next}, not {seq}; only the seq an account waits for can be skipped"
+                ),
+            });
+        }
+        tx.execute(
+            "UPDATE projector.account_progress SET last_seq = $3, last_event_id = NULL, updated_at = now() \
+             WHERE consumer = $1 AND account_id = $2",
+            &[&self.consumer, &account, &seq],
+        )
+        .await
+        .map_err(&err)?;
+        tx.execute(
+            "INSERT INTO projector.skips (consumer, account_id, seq, skipped_by, reason) \
+             VALUES ($1, $2, $3, $4, $5)",
+            &[&self.consumer, &account, &seq, &skipped_by, &reason],
+        )
+        .await
+        .map_err(&err)?;
+        tx.execute(
+            "UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'skipped', \
+                 resolved_by = $4, resolution_note = $5 \
+             WHERE consumer = $1 AND account_id = $2 AND seq = $3 AND resolved_at IS NULL",
+            &[&self.consumer, &account, &seq, &skipped_by, &reason],
+        )
+        .await
+        .map_err(&err)?;
+        let counts = self.drain_in(&mut tx, account).await?;
+        tx.commit().await.map_err(self.db("committing"))?;
+        Ok(counts)
+    }
+
+    /// Applies whatever waits for `account` and can go now (its park may be stale, or a
+    /// retried dead letter filled its gap).
+    pub async fn drain_account(
+        &self,
+        client: &mut Client,
+        account: i64,
+    ) -> Result<Counts, ApplyError> {
+        let mut tx = client
+            .transaction()
+            .await
+            .map_err(self.db("beginning the transaction"))?;
+        let counts = self.drain_in(&mut tx, account).await?;
+        tx.commit().await.map_err(self.db("committing"))?;
+        Ok(counts)
+    }
+
+    async fn drain_in(&self, tx: &mut Transaction<'_>, account: i64) -> Result<Counts, ApplyError> {
+        let empty = Batch {
+            topic: String::new(),
+            partition: 0,
+            start_offset: 0,
+            messages: Vec::new(),
+        };
+        let mut work = Work::new(&empty, Vec::new());
+        work.extra_accounts.push(account);
+        self.repair_in(tx, &mut work).await
+    }
+
+    /// The apply path without the partition's fence and offset: load (and lock) the
+    /// accounts, plan, run the statements, write the bookkeeping.
+    async fn repair_in(
+        &self,
+        tx: &mut Transaction<'_>,
+        work: &mut Work<'_>,
+    ) -> Result<Counts, ApplyError> {
+        let accounts = work.account_ids();
+        let (is_live, account_statements) =
+            futures::try_join!(self.prepare_is_live(tx), self.prepare_accounts(tx))?;
+        let (live, states) = futures::try_join!(
+            self.is_live(tx, is_live.as_ref()),
+            self.load_accounts(tx, account_statements.as_ref(), &accounts)
+        )?;
+        work.live = live;
+        self.plan(tx, work, states).await?;
+        let release = self.execute(tx, work).await?;
+        work.settle(self.ordered, &|e| self.sends(e));
+        self.write_bookkeeping(tx, work, None, release).await
+    }
+}

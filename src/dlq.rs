@@ -1,0 +1,439 @@
+//! `projector dlq list|show|retry|skip` and `projector parked list|retry|skip`: what an
+//! engineer on call does with dead letters and parked accounts. Retries and skips go through
+//! the engine's apply path (`Applier::retry_dead_letter`, `skip_seq`, `drain_account`), in
+//! one transaction each, recorded with who and why.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use deadpool_postgres::Client;
+use projector_engine::event::safe_text;
+use projector_engine::{Applier, Registry, SourceOrdering};
+
+/// `projector dlq ...`
+#[derive(Debug, clap::Subcommand)]
+pub enum Dlq {
+    /// Open dead letters, newest first.
+    List {
+        /// Only this view (every version of it).
+        #[arg(long)]
+        view: Option<String>,
+        /// Resolved ones too.
+        #[arg(long)]
+        all: bool,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// One dead letter in full: its source, error and raw bytes.
+    Show {
+        /// The dead letter's id.
+        id: i64,
+    },
+    /// Apply a dead letter again from its stored bytes (after the producer or the view was
+    /// fixed); what waited behind it follows in seq order.
+    Retry {
+        /// The dead letter's id.
+        id: i64,
+        /// Who retries (recorded); default: $USER.
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Give a dead letter up, recorded with who and why; its account resumes after its seq.
+    Skip {
+        /// The dead letter's id.
+        id: i64,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+        /// Who skips (recorded); default: $USER.
+        #[arg(long)]
+        by: Option<String>,
+    },
+}
+
+/// `projector parked ...`
+#[derive(Debug, clap::Subcommand)]
+pub enum Parked {
+    /// Parked accounts: why, the seq they wait for, how many events wait behind it.
+    List {
+        /// Only this view (every version of it).
+        #[arg(long)]
+        view: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Try a parked account again: its blocking dead letter from its bytes, then whatever
+    /// can follow, in seq order.
+    Retry {
+        /// The account.
+        account: i64,
+        /// The view.
+        #[arg(long)]
+        view: String,
+        /// The version (default: the live one).
+        #[arg(long)]
+        version: Option<i32>,
+        /// Who retries (recorded); default: $USER.
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Skip the seq an account waits for (it will never arrive), recorded with who and why;
+    /// the account resumes with the events after it.
+    Skip {
+        /// The account.
+        account: i64,
+        /// The view.
+        #[arg(long)]
+        view: String,
+        /// The version (default: the live one).
+        #[arg(long)]
+        version: Option<i32>,
+        /// The seq to skip: the one the account waits for (explicit, so nothing is skipped
+        /// by accident).
+        #[arg(long)]
+        seq: i64,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+        /// Who skips (recorded); default: $USER.
+        #[arg(long)]
+        by: Option<String>,
+    },
+}
+
+fn who(by: Option<String>) -> String {
+    by.or_else(|| std::env::var("USER").ok())
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+async fn connect(url: &str, registry: &Registry) -> anyhow::Result<Client> {
+    let pool = projector_engine::db::pool(url, 1)?;
+    let mut client = pool
+        .get()
+        .await
+        .context("cannot connect to PostgreSQL (check --database-url / DATABASE_URL)")?;
+    projector_engine::migrate(&mut client, registry).await?;
+    Ok(client)
+}
+
+/// The applier of a view version, by consumer name.
+fn applier_of(registry: &Registry, consumer: &str) -> anyhow::Result<Applier> {
+    let Some((name, version)) = consumer
+        .rsplit_once("_v")
+        .and_then(|(n, v)| v.parse::<i32>().ok().map(|v| (n, v)))
+    else {
+        bail!("{consumer:?} is not a view version's consumer name");
+    };
+    let code = registry.code_for(name, version)?;
+    Ok(Applier::new(code, SourceOrdering::PerAccount)?)
+}
+
+async fn consumer_of(client: &Client, view: &str, version: Option<i32>) -> anyhow::Result<String> {
+    if let Some(v) = version {
+        return Ok(format!("{view}_v{v}"));
+    }
+    let row = client
+        .query_opt(
+            "SELECT version FROM projector.views WHERE name = $1 AND state = 'live'",
+            &[&view],
+        )
+        .await?;
+    match row {
+        Some(r) => Ok(format!("{view}_v{}", r.get::<_, i32>(0))),
+        None => bail!("{view} has no live version; pass --version"),
+    }
+}
+
+/// Runs `projector dlq ...`.
+pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Result<()> {
+    let mut client = connect(url, registry).await?;
+    match command {
+        Dlq::List { view, all, limit } => {
+            let rows = client
+                .query(
+                    "SELECT id, consumer, kind, topic, partition, \"offset\", account_id, seq, error, \
+                            created_at::text, coalesce(resolution, '') \
+                     FROM projector.dead_letters \
+                     WHERE ($1::text IS NULL OR consumer LIKE $1 || '\\_v%') AND ($2 OR resolved_at IS NULL) \
+                     ORDER BY id DESC LIMIT $3",
+                    &[&view, &all, &limit],
+                )
+                .await?;
+            if rows.is_empty() {
+                println!("no dead letters");
+            }
+            for r in rows {
+                let account: Option<i64> = r.get(6);
+                let seq: Option<i64> = r.get(7);
+                let at = match (account, seq) {
+                    (Some(a), Some(s)) => format!("account {a} seq {s}"),
+                    (Some(a), None) => format!("account {a}"),
+                    _ => "no account".to_owned(),
+                };
+                let resolution: String = r.get(10);
+                println!(
+                    "{:>6}  {:<14} {:<12} {}/{}@{}  {at}  {}{}",
+                    r.get::<_, i64>(0),
+                    r.get::<_, String>(1),
+                    r.get::<_, String>(2),
+                    r.get::<_, String>(3),
+                    r.get::<_, i32>(4),
+                    r.get::<_, i64>(5),
+                    safe_text(&r.get::<_, String>(8), 100),
+                    if resolution.is_empty() {
+                        String::new()
+                    } else {
+                        format!("  [{resolution}]")
+                    }
+                );
+            }
+        }
+        Dlq::Show { id } => {
+            let Some(r) = client
+                .query_opt(
+                    "SELECT consumer, kind, topic, partition, \"offset\", message_key, payload, event_id, \
+                            account_id, seq, error, created_at::text, resolved_at::text, resolution, \
+                            resolved_by, resolution_note \
+                     FROM projector.dead_letters WHERE id = $1",
+                    &[&id],
+                )
+                .await?
+            else {
+                bail!("no dead letter {id}");
+            };
+            let key: Option<Vec<u8>> = r.get(5);
+            let payload: Vec<u8> = r.get(6);
+            println!(
+                "dead letter {id} of {}: {}",
+                r.get::<_, String>(0),
+                r.get::<_, String>(1)
+            );
+            println!(
+                "  from      {}/{} offset {}",
+                r.get::<_, String>(2),
+                r.get::<_, i32>(3),
+                r.get::<_, i64>(4)
+            );
+            println!(
+                "  event     {}  account {}  seq {}",
+                r.get::<_, Option<String>>(7)
+                    .unwrap_or_else(|| "-".to_owned()),
+                r.get::<_, Option<i64>>(8)
+                    .map_or("-".to_owned(), |v| v.to_string()),
+                r.get::<_, Option<i64>>(9)
+                    .map_or("-".to_owned(), |v| v.to_string())
+            );
+            println!("  at        {}", r.get::<_, String>(11));
+            println!("  error     {}", r.get::<_, String>(10));
+            if let Some(resolved) = r.get::<_, Option<String>>(12) {
+                println!(
+                    "  resolved  {resolved}: {} by {} ({})",
+                    r.get::<_, Option<String>>(13).unwrap_or_default(),
+                    r.get::<_, Option<String>>(14).unwrap_or_default(),
+                    r.get::<_, Option<String>>(15).unwrap_or_default()
+                );
+            }
+            println!(
+                "  key       {}",
+                key.as_deref().map_or("-".to_owned(), render_bytes)
+            );
+            println!("  payload   {} bytes", payload.len());
+            println!("{}", render_bytes(&payload));
+        }
+        Dlq::Retry { id, by } => {
+            let consumer = consumer_of_dead_letter(&client, id).await?;
+            let applier = applier_of(registry, &consumer)?;
+            let (disposition, counts) =
+                applier.retry_dead_letter(&mut client, id, &who(by)).await?;
+            match disposition {
+                projector_engine::Disposition::DeadLettered => {
+                    let error: String = client
+                        .query_one(
+                            "SELECT error FROM projector.dead_letters WHERE id = $1",
+                            &[&id],
+                        )
+                        .await?
+                        .get(0);
+                    bail!("dead letter {id} failed again and stays open: {error}");
+                }
+                d => println!(
+                    "dead letter {id} retried: {}; {} event(s) applied, {} that waited drained",
+                    format!("{d:?}").to_lowercase(),
+                    counts.applied,
+                    counts.drained
+                ),
+            }
+        }
+        Dlq::Skip { id, reason, by } => {
+            let consumer = consumer_of_dead_letter(&client, id).await?;
+            let row = client
+                .query_one(
+                    "SELECT d.account_id, d.seq, d.resolved_at IS NOT NULL, k.blocked_seq \
+                     FROM projector.dead_letters d \
+                     LEFT JOIN projector.parked_accounts k ON k.consumer = d.consumer AND k.account_id = d.account_id \
+                     WHERE d.id = $1",
+                    &[&id],
+                )
+                .await?;
+            if row.get::<_, bool>(2) {
+                bail!("dead letter {id} is resolved already");
+            }
+            let (account, seq, blocked): (Option<i64>, Option<i64>, Option<i64>) =
+                (row.get(0), row.get(1), row.get(3));
+            let by = who(by);
+            match (account, seq) {
+                (Some(account), Some(seq)) if blocked == Some(seq) => {
+                    let applier = applier_of(registry, &consumer)?;
+                    let counts = applier
+                        .skip_seq(&mut client, account, seq, &by, &reason)
+                        .await?;
+                    println!(
+                        "dead letter {id} skipped; account {account} resumes after seq {seq}: {} event(s) applied",
+                        counts.applied
+                    );
+                }
+                _ => {
+                    client
+                        .execute(
+                            "UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'skipped', \
+                                 resolved_by = $2, resolution_note = $3 WHERE id = $1 AND resolved_at IS NULL",
+                            &[&id, &by, &reason],
+                        )
+                        .await?;
+                    println!("dead letter {id} skipped (it blocks no account)");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn consumer_of_dead_letter(client: &Client, id: i64) -> anyhow::Result<String> {
+    match client
+        .query_opt(
+            "SELECT consumer FROM projector.dead_letters WHERE id = $1",
+            &[&id],
+        )
+        .await?
+    {
+        Some(r) => Ok(r.get(0)),
+        None => bail!("no dead letter {id}"),
+    }
+}
+
+/// Bytes as text when they are printable UTF-8, else as hex.
+fn render_bytes(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text)
+            if !text
+                .chars()
+                .any(|c| c.is_control() && c != '\n' && c != '\t') =>
+        {
+            text.to_owned()
+        }
+        _ => bytes
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+/// Runs `projector parked ...`.
+pub async fn run_parked(url: &str, registry: &Registry, command: Parked) -> anyhow::Result<()> {
+    let mut client = connect(url, registry).await?;
+    match command {
+        Parked::List { view, limit } => {
+            let rows = client
+                .query(
+                    "SELECT k.consumer, k.account_id, k.reason, k.blocked_seq, k.dead_letter_id, \
+                            (SELECT count(*) FROM projector.waiting_events w \
+                             WHERE w.consumer = k.consumer AND w.account_id = k.account_id), \
+                            k.parked_at::text, k.detail \
+                     FROM projector.parked_accounts k \
+                     WHERE $1::text IS NULL OR k.consumer LIKE $1 || '\\_v%' \
+                     ORDER BY k.parked_at LIMIT $2",
+                    &[&view, &limit],
+                )
+                .await?;
+            if rows.is_empty() {
+                println!("no parked accounts");
+            }
+            for r in rows {
+                let dead: Option<i64> = r.get(4);
+                println!(
+                    "{:<14} account {:<10} {:<11} waits for seq {} ({} waiting){}  since {}",
+                    r.get::<_, String>(0),
+                    r.get::<_, i64>(1),
+                    r.get::<_, String>(2),
+                    r.get::<_, i64>(3),
+                    r.get::<_, i64>(5),
+                    dead.map_or(String::new(), |d| format!(", dead letter {d}")),
+                    r.get::<_, String>(6),
+                );
+            }
+        }
+        Parked::Retry {
+            account,
+            view,
+            version,
+            by,
+        } => {
+            let consumer = consumer_of(&client, &view, version).await?;
+            let applier = Arc::new(applier_of(registry, &consumer)?);
+            let dead: Option<i64> = client
+                .query_opt(
+                    "SELECT dead_letter_id FROM projector.parked_accounts WHERE consumer = $1 AND account_id = $2",
+                    &[&consumer, &account],
+                )
+                .await?
+                .and_then(|r| r.get(0));
+            if let Some(id) = dead {
+                let (disposition, _) = applier.retry_dead_letter(&mut client, id, &who(by)).await?;
+                if disposition == projector_engine::Disposition::DeadLettered {
+                    bail!("account {account}: dead letter {id} failed again; see `projector dlq show {id}`");
+                }
+            }
+            let counts = applier.drain_account(&mut client, account).await?;
+            let still: Option<i64> = client
+                .query_opt(
+                    "SELECT blocked_seq FROM projector.parked_accounts WHERE consumer = $1 AND account_id = $2",
+                    &[&consumer, &account],
+                )
+                .await?
+                .map(|r| r.get(0));
+            match still {
+                Some(seq) => println!(
+                    "account {account}: {} event(s) applied; still waits for seq {seq}",
+                    counts.applied
+                ),
+                None => println!(
+                    "account {account}: resumed; {} event(s) applied",
+                    counts.applied
+                ),
+            }
+        }
+        Parked::Skip {
+            account,
+            view,
+            version,
+            seq,
+            reason,
+            by,
+        } => {
+            let consumer = consumer_of(&client, &view, version).await?;
+            let applier = applier_of(registry, &consumer)?;
+            let counts = applier
+                .skip_seq(&mut client, account, seq, &who(by), &reason)
+                .await?;
+            println!(
+                "account {account}: seq {seq} skipped (recorded); {} event(s) that waited applied",
+                counts.applied
+            );
+        }
+    }
+    Ok(())
+}
