@@ -24,3 +24,4 @@ mod kafka_publish;
 mod kafka_source;
 mod views_conformance;
 mod views_golden;
+mod writeside;
