@@ -220,7 +220,7 @@ impl Relay {
                 .map(|r| Row {
                     id: r.get(0),
                     key: r.get::<_, i64>(1).to_string(),
-                    payload: r.get(3),
+                    payload: r.get(2),
                 })
                 .collect();
             if rows.is_empty() {

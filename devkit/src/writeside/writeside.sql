@@ -146,7 +146,7 @@ SELECT pg_try_advisory_lock(hashtext('projector.writeside.relay'))
 
 -- name: relay_fetch
 -- The oldest unsent rows. No cursor: see writeside.outbox in schema.sql.
-SELECT o.id, o.account_id, o.seq, e.payload
+SELECT o.id, o.account_id, e.payload
 FROM writeside.outbox o
 JOIN writeside.events e USING (event_id)
 WHERE o.sent_at IS NULL
