@@ -30,6 +30,8 @@
 //!   listed, shown, retried or skipped.
 //! - [`rebuild`]: `projector rebuild`, `verify`, `cutover` and `retire`: a view rebuilt into a
 //!   new version while live.
+//! - [`simulate`]: `projector simulate`, a write side producing events to Kafka: idempotent
+//!   intake, an outbox relay that crashes on purpose, hot accounts.
 
 use std::process::ExitCode;
 
@@ -45,6 +47,7 @@ pub mod migrate;
 pub mod publish;
 pub mod rebuild;
 pub mod run;
+pub mod simulate;
 pub mod views;
 
 /// Exactly-once CQRS projections from Kafka into PostgreSQL.
@@ -91,6 +94,9 @@ enum Command {
     /// Parked accounts: list, retry, skip a lost seq (recorded).
     #[command(subcommand)]
     Parked(dlq::Parked),
+    /// Run a write side that produces events to Kafka: clients with idempotency keys, one
+    /// transaction per event with an outbox row, a relay that crashes on purpose.
+    Simulate(simulate::Args),
 }
 
 /// Runs the command line of the process's arguments with the views `registry` builds, and
@@ -98,7 +104,7 @@ enum Command {
 /// error, one line), 2 when the arguments are wrong.
 ///
 /// `registry` is called once, by the commands that use views (not by `publish`,
-/// `dev-broker` or `bench`, nor for `--help`); a registry that refuses a view is an error of
+/// `dev-broker`, `bench` or `simulate`, nor for `--help`); a registry that refuses a view is an error of
 /// those commands.
 pub fn main(registry: impl FnOnce() -> Result<Registry, ViewError>) -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -163,6 +169,7 @@ pub fn main(registry: impl FnOnce() -> Result<Registry, ViewError>) -> ExitCode 
             Command::Retire(args) => rebuild::run_retire(&url(), &registry()?, args).await,
             Command::Dlq(command) => dlq::run_dlq(&url(), &registry()?, command).await,
             Command::Parked(command) => dlq::run_parked(&url(), &registry()?, command).await,
+            Command::Simulate(args) => simulate::run(args, &url()).await,
         }
     });
     match result {

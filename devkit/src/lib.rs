@@ -14,7 +14,11 @@
 //!   Java producer computes it.
 //! - [`publish`]: JSON lines in, one Kafka message per event, keyed and partitioned like the
 //!   Java client (`projector publish`).
+//! - [`writeside`]: a write side that makes the events: idempotent request intake, one
+//!   transaction per event (seq counter row, positions, event, outbox), an outbox relay that
+//!   crashes on purpose, and simulated clients with hot accounts (`projector simulate`).
 
 pub mod devbroker;
 pub mod partitioner;
 pub mod publish;
+pub mod writeside;

@@ -26,3 +26,4 @@ mod ops_repairs;
 mod rebuild_notices;
 mod views_conformance;
 mod views_golden;
+mod writeside;

@@ -1,0 +1,199 @@
+//! Request intake with client idempotency keys (seed 000, "İlaç 1").
+//!
+//! The client makes the key, once per logical request (not per attempt), and sends it again on
+//! every retry. The key is unique per account, not globally: a global key would let one
+//! account's retry read another account's reply. With the key the write side keeps the hash of
+//! the request and its first reply, in the transaction that writes the event:
+//!
+//! - first request under the key: the event is written and the reply stored;
+//! - the same request again: the stored reply, unchanged, and nothing written (a "key exists"
+//!   error would make the client believe it failed, and try again);
+//! - a different request under the key: refused ([`WriteSideError::KeyReused`]), never
+//!   answered with the first request's reply ("1 lot or 10 lots" must not pass in silence).
+//!
+//! The check is the `INSERT ... ON CONFLICT DO NOTHING RETURNING` on the key's primary key, not
+//! a read before the write: two clients racing with one key serialize on that insert, and one
+//! fill comes out.
+
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+use tokio::sync::Notify;
+
+use super::counters::{add, Counters};
+use super::error::{db, WriteSideError};
+use super::ledger::{self, reply_from_json, Command, Order, Reply};
+use super::sql;
+
+/// The longest idempotency key accepted, in bytes.
+pub const MAX_KEY_BYTES: usize = 128;
+
+/// How a request was answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// First time under this key: the event was written.
+    Accepted(Reply),
+    /// A retry: the first request's reply, nothing written.
+    Replayed(Reply),
+}
+
+impl Outcome {
+    /// The reply, either way.
+    pub fn reply(&self) -> &Reply {
+        match self {
+            Self::Accepted(r) | Self::Replayed(r) => r,
+        }
+    }
+
+    /// Whether this request wrote the event.
+    pub fn is_accepted(&self) -> bool {
+        matches!(self, Self::Accepted(_))
+    }
+}
+
+/// The write side's front door. Cheap to clone; clones share the pool and counters.
+#[derive(Debug, Clone)]
+pub struct Intake {
+    pub(crate) pool: Pool,
+    pub(crate) instance: Arc<str>,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) written: Arc<Notify>,
+}
+
+impl Intake {
+    /// Places an order under the client's idempotency key.
+    pub async fn place(
+        &self,
+        account_id: i64,
+        key: &str,
+        order: Order,
+    ) -> Result<Outcome, WriteSideError> {
+        self.submit(account_id, key, &Command::Order(order)).await
+    }
+
+    /// Handles one request: the first under `(account_id, key)` is written, a retry gets the
+    /// first reply, a different request under the key is refused.
+    pub async fn submit(
+        &self,
+        account_id: i64,
+        key: &str,
+        command: &Command,
+    ) -> Result<Outcome, WriteSideError> {
+        add(&self.counters.requests, 1);
+        let result = self.handle(account_id, key, command).await;
+        match &result {
+            Ok(Outcome::Accepted(_)) => {
+                let counter = match command {
+                    Command::Order(_) => &self.counters.fills,
+                    Command::Bust { .. } => &self.counters.busts,
+                    Command::Cash { .. } => &self.counters.cash,
+                };
+                add(counter, 1);
+                self.written.notify_one();
+            }
+            Ok(Outcome::Replayed(_)) => add(&self.counters.deduplicated, 1),
+            Err(WriteSideError::KeyReused { .. }) => add(&self.counters.refused, 1),
+            Err(e) if e.is_refusal() => add(&self.counters.rejected, 1),
+            Err(_) => {}
+        }
+        result
+    }
+
+    async fn handle(
+        &self,
+        account_id: i64,
+        key: &str,
+        command: &Command,
+    ) -> Result<Outcome, WriteSideError> {
+        if key.is_empty() || key.len() > MAX_KEY_BYTES || key.chars().any(char::is_control) {
+            return Err(WriteSideError::InvalidRequest(format!(
+                "an idempotency key is 1 to {MAX_KEY_BYTES} bytes without control characters"
+            )));
+        }
+        command.validate()?;
+        let canonical = command.canonical();
+        let mut client = self.pool.get().await.map_err(WriteSideError::Pool)?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("starting the request's transaction"))?;
+        let claim = tx
+            .prepare_cached(&sql::CLAIM_KEY)
+            .await
+            .map_err(db("preparing the key claim"))?;
+        let claimed = tx
+            .query_opt(&claim, &[&account_id, &key, &canonical])
+            .await
+            .map_err(db("claiming the idempotency key"))?;
+        if claimed.is_none() {
+            let stored = tx
+                .prepare_cached(&sql::STORED_REPLY)
+                .await
+                .map_err(db("preparing the stored reply"))?;
+            let row = tx
+                .query_one(&stored, &[&account_id, &key, &canonical])
+                .await
+                .map_err(db("reading the key's first reply"))?;
+            // Nothing was written; ending the transaction either way is the same.
+            tx.rollback()
+                .await
+                .map_err(db("ending the retry's transaction"))?;
+            let same: bool = row.get(0);
+            if !same {
+                return Err(WriteSideError::KeyReused {
+                    account_id,
+                    key: key.to_owned(),
+                });
+            }
+            let reply: Option<serde_json::Value> = row.get(1);
+            let reply = reply.ok_or_else(|| {
+                WriteSideError::Corrupt(format!(
+                    "key {key:?} of account {account_id} was committed without its reply"
+                ))
+            })?;
+            return Ok(Outcome::Replayed(reply_from_json(reply)?));
+        }
+        // A refusal or a failure returns here and drops `tx`, which rolls back the key claim
+        // with everything else: the same request can come again.
+        let reply = ledger::write(&tx, &self.instance, account_id, command).await?;
+        let json = serde_json::to_value(&reply)
+            .map_err(|e| WriteSideError::Corrupt(format!("cannot store a reply: {e}")))?;
+        let store = tx
+            .prepare_cached(&sql::STORE_REPLY)
+            .await
+            .map_err(db("preparing the reply store"))?;
+        tx.execute(&store, &[&account_id, &key, &json])
+            .await
+            .map_err(db("storing the first reply"))?;
+        tx.commit()
+            .await
+            .map_err(db("committing the request's transaction"))?;
+        Ok(Outcome::Accepted(reply))
+    }
+
+    /// The current net quantity of a position (zero when the account never traded the
+    /// symbol): what a client reads before it closes a position exactly.
+    pub async fn net_qty(
+        &self,
+        account_id: i64,
+        symbol: &str,
+    ) -> Result<rust_decimal::Decimal, WriteSideError> {
+        let client = self.pool.get().await.map_err(WriteSideError::Pool)?;
+        let statement = client
+            .prepare_cached(&sql::NET_QTY)
+            .await
+            .map_err(db("preparing the position read"))?;
+        let row = client
+            .query_opt(&statement, &[&account_id, &symbol])
+            .await
+            .map_err(db("reading a position"))?;
+        match row {
+            None => Ok(rust_decimal::Decimal::ZERO),
+            Some(r) => r.try_get(0).map_err(|e| {
+                WriteSideError::Corrupt(format!(
+                    "position {symbol:?} of account {account_id} does not read back: {e}"
+                ))
+            }),
+        }
+    }
+}

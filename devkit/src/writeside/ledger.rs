@@ -1,0 +1,505 @@
+//! The ledger: one event written in one transaction, the way the source documents say a write
+//! side must.
+//!
+//! In the caller's transaction (the intake's, which also holds the idempotency key):
+//!
+//! 1. the account's counter row in `account_seq` is bumped, which assigns the `seq` and locks
+//!    the account until commit, so its events are numbered in commit order with no gaps;
+//! 2. the event is built as its exact wire JSON and checked with the engine's own decoder, so
+//!    the write side never stores what a view would dead-letter;
+//! 3. a fill or a bust moves `positions` by the portfolio rules (`book_trade` in
+//!    `writeside.sql`), a bust claims its fill in `writeside.busts` (once only);
+//! 4. the event is stored with its unique `event_id`, and an outbox row is added.
+//!
+//! A refusal (a bust of a fill already busted) returns an error and the caller's transaction
+//! rolls back, the seq bump with it: no gap.
+
+use std::str::FromStr;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use deadpool_postgres::Transaction;
+use projector_engine::event::{CASH_ADJUSTED, FILL_BUSTED, FILL_EXECUTED, MAX_SYMBOL_BYTES};
+use projector_engine::{decode, Message};
+use rust_decimal::{Decimal, RoundingStrategy};
+use serde::{Deserialize, Serialize};
+
+use super::error::{db, WriteSideError};
+use super::sql;
+
+/// Buy or sell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    /// Buys add to the position.
+    Buy,
+    /// Sells take from it.
+    Sell,
+}
+
+impl Side {
+    /// The wire text: `buy` or `sell`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Buy => "buy",
+            Self::Sell => "sell",
+        }
+    }
+
+    /// The other side.
+    pub fn opposite(self) -> Self {
+        match self {
+            Self::Buy => Self::Sell,
+            Self::Sell => Self::Buy,
+        }
+    }
+}
+
+/// An order. The simulated exchange fills it at once, whole, at its limit price.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Order {
+    /// The instrument, e.g. `EURUSD`.
+    pub symbol: String,
+    /// Buy or sell.
+    pub side: Side,
+    /// Quantity, more than zero.
+    pub qty: Decimal,
+    /// Limit price, zero or more; the fill's price.
+    pub price: Decimal,
+}
+
+/// What a client asks the write side to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum Command {
+    /// Place an order; written as a `fill_executed`.
+    Order(Order),
+    /// Bust an earlier fill of the account; written as a `fill_busted` that reverses it.
+    Bust {
+        /// The `event_id` of the fill.
+        fill_event_id: String,
+    },
+    /// Move cash in (positive) or out (negative); written as a `cash_adjusted`.
+    Cash {
+        /// Signed amount, not zero.
+        amount: Decimal,
+        /// Why, for the statement.
+        reason: String,
+    },
+}
+
+impl Command {
+    /// The request's canonical text, whose hash is stored with its idempotency key. Decimals
+    /// are normalized (`300.0` and `300` are the same order), fields are in a fixed order.
+    pub fn canonical(&self) -> String {
+        let normalized = match self {
+            Self::Order(o) => Self::Order(Order {
+                qty: o.qty.normalize(),
+                price: o.price.normalize(),
+                ..o.clone()
+            }),
+            Self::Cash { amount, reason } => Self::Cash {
+                amount: amount.normalize(),
+                reason: reason.clone(),
+            },
+            other => other.clone(),
+        };
+        // A struct of strings and enums: serialization cannot fail.
+        serde_json::to_string(&normalized).unwrap_or_default()
+    }
+
+    /// The event type this command writes.
+    pub fn event_type(&self) -> &'static str {
+        match self {
+            Self::Order(_) => FILL_EXECUTED,
+            Self::Bust { .. } => FILL_BUSTED,
+            Self::Cash { .. } => CASH_ADJUSTED,
+        }
+    }
+
+    /// Refuses what cannot become a valid event, before anything is written.
+    pub fn validate(&self) -> Result<(), WriteSideError> {
+        let bad = |m: String| Err(WriteSideError::InvalidRequest(m));
+        match self {
+            Self::Order(o) => {
+                if o.symbol.is_empty()
+                    || o.symbol.len() > MAX_SYMBOL_BYTES
+                    || o.symbol.chars().any(char::is_control)
+                {
+                    return bad(format!(
+                        "symbol {:?} must be 1 to {MAX_SYMBOL_BYTES} bytes without control characters",
+                        o.symbol
+                    ));
+                }
+                if o.qty <= Decimal::ZERO {
+                    return bad(format!("quantity {} must be more than zero", o.qty));
+                }
+                if o.price < Decimal::ZERO {
+                    return bad(format!("price {} must not be negative", o.price));
+                }
+            }
+            Self::Bust { fill_event_id } if fill_event_id.is_empty() => {
+                return bad("a bust names the fill it reverses".to_owned());
+            }
+            Self::Bust { .. } => {}
+            Self::Cash { amount, reason } => {
+                if amount.is_zero() {
+                    return bad("a cash adjustment of zero moves nothing".to_owned());
+                }
+                if reason.is_empty() || reason.len() > 1024 || reason.contains('\0') {
+                    return bad("a reason must be 1 to 1024 bytes without NUL".to_owned());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the write side answered: the event written. Stored with the idempotency key as the
+/// first reply and returned again, unchanged, to every retry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Reply {
+    /// The event written.
+    pub event_id: String,
+    /// Its type.
+    pub event_type: String,
+    /// The account.
+    pub account_id: i64,
+    /// Its per-account sequence number.
+    pub seq: i64,
+    /// Its `occurred_at`, as on the wire.
+    pub occurred_at: String,
+    /// The fee charged, for a fill.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fee: Option<Decimal>,
+}
+
+/// The exchange's fee: 2 basis points of the notional, in cents, rounded half away from zero.
+pub fn fee(qty: Decimal, price: Decimal) -> Decimal {
+    let rate = Decimal::new(2, 4);
+    qty.checked_mul(price)
+        .and_then(|n| n.checked_mul(rate))
+        .unwrap_or(Decimal::ZERO)
+        .round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero)
+}
+
+/// The wire format's envelope, fields in the documented order.
+#[derive(Serialize)]
+struct Envelope<'a, D: Serialize> {
+    event_id: &'a str,
+    #[serde(rename = "type")]
+    event_type: &'a str,
+    account_id: i64,
+    seq: i64,
+    occurred_at: &'a str,
+    data: D,
+}
+
+/// `fill_executed`'s data; decimals as strings, with the scale they were given.
+#[derive(Serialize)]
+struct FillData<'a> {
+    symbol: &'a str,
+    side: &'static str,
+    qty: String,
+    price: String,
+    fee: String,
+}
+
+/// `fill_busted`'s data: the original's fields, copied as text.
+#[derive(Serialize)]
+struct BustData {
+    fill_event_id: String,
+    #[serde(flatten)]
+    original: Traded,
+}
+
+/// What a bust copies from its fill: the text the fill was written with, so that the bust's
+/// decimals are the fill's to the digit.
+#[derive(Serialize, Deserialize)]
+struct Traded {
+    symbol: String,
+    side: String,
+    qty: String,
+    price: String,
+}
+
+/// `cash_adjusted`'s data.
+#[derive(Serialize)]
+struct CashData<'a> {
+    amount: String,
+    reason: &'a str,
+}
+
+/// RFC 3339 in UTC with milliseconds, as the wire examples write it.
+pub fn wire_time(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// The event id: the type's prefix, the database's tag, the account and the seq. Unique
+/// because (account, seq) is, and identical on every republish because it is stored.
+pub fn event_id(event_type: &str, instance: &str, account_id: i64, seq: i64) -> String {
+    let prefix = match event_type {
+        FILL_EXECUTED => "fill",
+        FILL_BUSTED => "bust",
+        _ => "cash",
+    };
+    format!("{prefix}-{instance}-{account_id}-{seq}")
+}
+
+fn envelope<D: Serialize>(
+    event_id: &str,
+    event_type: &str,
+    account_id: i64,
+    seq: i64,
+    occurred_at: &str,
+    data: D,
+) -> Result<String, WriteSideError> {
+    let payload = serde_json::to_string(&Envelope {
+        event_id,
+        event_type,
+        account_id,
+        seq,
+        occurred_at,
+        data,
+    })
+    .map_err(|e| WriteSideError::InvalidRequest(format!("cannot write the event: {e}")))?;
+    // The engine's own decoder: whatever it would dead-letter is refused here instead.
+    decode(&Message::new(
+        0,
+        Some(account_id.to_string().into_bytes()),
+        payload.as_bytes(),
+    ))
+    .map_err(|e| WriteSideError::InvalidRequest(e.to_string()))?;
+    Ok(payload)
+}
+
+/// Writes `command` for `account_id` in `tx` and returns the reply. Nothing is visible until
+/// the caller commits; an error leaves `tx` to be rolled back.
+pub(crate) async fn write(
+    tx: &Transaction<'_>,
+    instance: &str,
+    account_id: i64,
+    command: &Command,
+) -> Result<Reply, WriteSideError> {
+    command.validate()?;
+    let next = tx
+        .prepare_cached(&sql::NEXT_SEQ)
+        .await
+        .map_err(db("preparing the seq bump"))?;
+    let row = tx
+        .query_one(&next, &[&account_id])
+        .await
+        .map_err(db("bumping the account's seq"))?;
+    let seq: i64 = row.get(0);
+    let now: DateTime<Utc> = row.get(1);
+    let occurred_at = wire_time(now);
+    let event_type = command.event_type();
+    let event_id = event_id(event_type, instance, account_id, seq);
+    let mut fee_charged = None;
+
+    let payload = match command {
+        Command::Order(o) => {
+            let f = fee(o.qty, o.price);
+            fee_charged = Some(f);
+            let data = FillData {
+                symbol: &o.symbol,
+                side: o.side.as_str(),
+                qty: o.qty.to_string(),
+                price: o.price.to_string(),
+                fee: f.to_string(),
+            };
+            envelope(&event_id, event_type, account_id, seq, &occurred_at, data)?
+        }
+        Command::Bust { fill_event_id } => {
+            let refused = |reason| WriteSideError::BustRefused {
+                account_id,
+                fill_event_id: fill_event_id.clone(),
+                reason,
+            };
+            let find = tx
+                .prepare_cached(&sql::FIND_FILL)
+                .await
+                .map_err(db("preparing the fill lookup"))?;
+            let original = tx
+                .query_opt(&find, &[fill_event_id, &account_id])
+                .await
+                .map_err(db("looking up the fill to bust"))?
+                .ok_or_else(|| refused("no such fill of this account"))?;
+            let data: serde_json::Value = original.get(0);
+            let original: Traded = serde_json::from_value(data).map_err(|e| {
+                WriteSideError::Corrupt(format!("fill {fill_event_id:?} does not read back: {e}"))
+            })?;
+            let claim = tx
+                .prepare_cached(&sql::CLAIM_BUST)
+                .await
+                .map_err(db("preparing the bust claim"))?;
+            tx.query_opt(&claim, &[fill_event_id, &event_id])
+                .await
+                .map_err(db("claiming the fill for the bust"))?
+                .ok_or_else(|| refused("the fill is already busted"))?;
+            let data = BustData {
+                fill_event_id: fill_event_id.clone(),
+                original,
+            };
+            envelope(&event_id, event_type, account_id, seq, &occurred_at, data)?
+        }
+        Command::Cash { amount, reason } => {
+            let data = CashData {
+                amount: amount.to_string(),
+                reason,
+            };
+            envelope(&event_id, event_type, account_id, seq, &occurred_at, data)?
+        }
+    };
+
+    let record = tx
+        .prepare_cached(&sql::RECORD_EVENT)
+        .await
+        .map_err(db("preparing the event insert"))?;
+    if matches!(command, Command::Cash { .. }) {
+        tx.execute(&record, &[&payload])
+            .await
+            .map_err(db("storing the event and its outbox row"))?;
+    } else {
+        let book = tx
+            .prepare_cached(&sql::BOOK_TRADE)
+            .await
+            .map_err(db("preparing the position update"))?;
+        // Pipelined: both statements go out before either answer comes back.
+        futures::try_join!(
+            async {
+                tx.execute(&record, &[&payload])
+                    .await
+                    .map_err(db("storing the event and its outbox row"))
+            },
+            async {
+                tx.execute(&book, &[&payload])
+                    .await
+                    .map_err(db("moving the position"))
+            },
+        )?;
+    }
+    Ok(Reply {
+        event_id,
+        event_type: event_type.to_owned(),
+        account_id,
+        seq,
+        occurred_at,
+        fee: fee_charged,
+    })
+}
+
+/// Reads a stored reply back.
+pub(crate) fn reply_from_json(value: serde_json::Value) -> Result<Reply, WriteSideError> {
+    serde_json::from_value(value)
+        .map_err(|e| WriteSideError::Corrupt(format!("a stored reply does not read back: {e}")))
+}
+
+/// Parses a decimal given as text, for command-line and test callers.
+pub fn decimal(text: &str) -> Result<Decimal, WriteSideError> {
+    Decimal::from_str(text)
+        .map_err(|e| WriteSideError::InvalidRequest(format!("{text:?} is not a decimal: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(qty: &str) -> Command {
+        Command::Order(Order {
+            symbol: "EURUSD".to_owned(),
+            side: Side::Buy,
+            qty: decimal(qty).expect("qty"),
+            price: decimal("1.08420").expect("price"),
+        })
+    }
+
+    #[test]
+    fn the_canonical_form_ignores_trailing_zeros_only() {
+        assert_eq!(order("300").canonical(), order("300.00").canonical());
+        assert_ne!(order("300").canonical(), order("301").canonical());
+        let text = order("300").canonical();
+        assert!(text.contains(r#""command":"order""#), "{text}");
+        assert!(text.contains(r#""qty":"300""#), "{text}");
+    }
+
+    #[test]
+    fn events_are_the_wire_format_and_decode() {
+        let payload = envelope(
+            "fill-ab12cd34-7-1",
+            FILL_EXECUTED,
+            7,
+            1,
+            "2026-11-29T10:15:00.123Z",
+            FillData {
+                symbol: "EURUSD",
+                side: "buy",
+                qty: "300".to_owned(),
+                price: "1.08420".to_owned(),
+                fee: "0.07".to_owned(),
+            },
+        )
+        .expect("valid");
+        assert_eq!(
+            payload,
+            r#"{"event_id":"fill-ab12cd34-7-1","type":"fill_executed","account_id":7,"seq":1,"occurred_at":"2026-11-29T10:15:00.123Z","data":{"symbol":"EURUSD","side":"buy","qty":"300","price":"1.08420","fee":"0.07"}}"#
+        );
+        let poison = envelope(
+            "fill-x-7-1",
+            FILL_EXECUTED,
+            7,
+            1,
+            "2026-11-29T10:15:00.123Z",
+            FillData {
+                symbol: "EURUSD",
+                side: "buy",
+                qty: "-1".to_owned(),
+                price: "1".to_owned(),
+                fee: "0".to_owned(),
+            },
+        );
+        assert!(
+            matches!(poison, Err(WriteSideError::InvalidRequest(ref m)) if m.contains("data.qty")),
+            "{poison:?}"
+        );
+    }
+
+    #[test]
+    fn bad_requests_are_refused_before_any_write() {
+        assert!(order("0").validate().is_err());
+        assert!(order("0.01").validate().is_ok());
+        let cash = |amount: &str, reason: &str| Command::Cash {
+            amount: decimal(amount).expect("amount"),
+            reason: reason.to_owned(),
+        };
+        assert!(cash("0", "x").validate().is_err());
+        assert!(cash("-5.00", "").validate().is_err());
+        assert!(cash("-5.00", "withdrawal").validate().is_ok());
+        let err = order("0").validate().expect_err("zero");
+        assert!(err.is_refusal());
+    }
+
+    #[test]
+    fn fees_are_two_basis_points_in_cents() {
+        assert_eq!(
+            fee(decimal("300").expect("q"), decimal("1.08420").expect("p")),
+            decimal("0.07").expect("f")
+        );
+        // 2500 * 1 * 0.0002 = 0.5 exactly; 25 * 1 * 0.0002 = 0.005 rounds away from zero.
+        assert_eq!(
+            fee(decimal("25").expect("q"), Decimal::ONE),
+            decimal("0.01").expect("f")
+        );
+    }
+
+    #[test]
+    fn ids_and_times_are_stable_text() {
+        assert_eq!(
+            event_id(FILL_BUSTED, "ab12cd34", 42, 17),
+            "bust-ab12cd34-42-17"
+        );
+        let at = DateTime::parse_from_rfc3339("2026-11-29T10:15:00.123456Z")
+            .expect("time")
+            .with_timezone(&Utc);
+        assert_eq!(wire_time(at), "2026-11-29T10:15:00.123Z");
+    }
+}

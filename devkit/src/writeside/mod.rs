@@ -1,0 +1,216 @@
+//! A write side built the way the source documents say one must be: the system that *makes*
+//! the events the engine consumes, for demos, load and tests (`projector simulate`).
+//!
+//! ```text
+//!  clients ──(account, idempotency key, request)──▶ intake ──▶ ledger ──────────────┐
+//!   retry on purpose; a few accounts are hot         │ one transaction:             │
+//!                                                    │ key + hash + first reply,    │
+//!                                                    │ account_seq bump (the seq),  │
+//!                                                    │ positions, event, outbox row │
+//!                                                    ▼                              │
+//!  topic ◀──(key = account, murmur2, idempotent, acks=all)── relay ◀── outbox ◀─────┘
+//!            publish, then mark sent; crashes on purpose in between
+//! ```
+//!
+//! - **Intake** ([`Intake`], seed 000): client idempotency keys unique per account, stored with
+//!   the request's hash and first reply; a retry gets that reply, a reused key with another
+//!   request is refused, two racing requests under one key make one fill.
+//! - **Ledger** ([`ledger`]): one transaction per event bumps the account's counter row in
+//!   `account_seq` (the `seq`: consecutive, in commit order, never a bigserial), moves
+//!   `positions` by the portfolio view's own rules, stores the event as its exact wire JSON
+//!   under a unique `event_id`, and adds an outbox row (seeds 000, 001, 002).
+//! - **Relay** ([`Relay`], seeds 002, 004): publishes the outbox in order per account with the
+//!   idempotent producer and the Java-compatible partitioner, then marks rows sent; crashed on
+//!   purpose between the two, so redeliveries at new offsets really happen.
+//! - **Clients** ([`load`]): a load generator at a given rate, with retries, key misuse, busts,
+//!   cash movements and hot accounts.
+//! - **Counters** ([`Counters`], [`Report`]): requests, retries, deduplicated, refused, events
+//!   by type, published per partition, redeliveries injected.
+//!
+//! # Schema
+//!
+//! [`WriteSide::new`] creates it, idempotently. `positions` and `account_seq` are the snapshot
+//! contract of `docs/views.md` and live in `public`, so that `projector rebuild --from snapshot`
+//! against the same database finds them on the default `search_path`; everything else is in the
+//! schema `writeside`. The statements are in `schema.sql` and `writeside.sql` beside this file.
+//!
+//! # Use in process
+//!
+//! ```no_run
+//! # async fn demo(pool: deadpool_postgres::Pool) -> Result<(), projector_devkit::writeside::WriteSideError> {
+//! use projector_devkit::writeside::{Order, RelayConfig, Side, WriteSide};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! let write_side = WriteSide::new(pool).await?;
+//! let order = Order {
+//!     symbol: "EURUSD".into(),
+//!     side: Side::Buy,
+//!     qty: "300".parse().expect("a decimal"),
+//!     price: "1.08420".parse().expect("a decimal"),
+//! };
+//! let first = write_side.intake().place(42, "order-1", order.clone()).await?;
+//! let retry = write_side.intake().place(42, "order-1", order).await?; // the same reply
+//! assert_eq!(first.reply(), retry.reply());
+//!
+//! let relay = write_side.relay(RelayConfig::new("127.0.0.1:9092", "trades"));
+//! let (drain, stop) = (CancellationToken::new(), CancellationToken::new());
+//! drain.cancel(); // publish what is there, then return
+//! relay.run(drain, stop).await?;
+//! println!("{:?}", write_side.report());
+//! # Ok(()) }
+//! ```
+
+pub mod counters;
+mod error;
+pub mod intake;
+pub mod ledger;
+pub mod load;
+pub mod relay;
+mod rng;
+mod sql;
+
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+pub use counters::{Counters, Report};
+pub use error::WriteSideError;
+pub use intake::{Intake, Outcome};
+pub use ledger::{Command, Order, Reply, Side};
+pub use load::LoadConfig;
+pub use relay::{Relay, RelayConfig, RelayExit};
+
+use error::db;
+
+/// One advisory lock key for every process creating the schema, so that two simulators
+/// starting at once take turns instead of racing on `CREATE TABLE IF NOT EXISTS`.
+const SCHEMA_LOCK: i64 = 0x7772_6974_6573_6964; // "writesid"
+
+/// The columns `docs/views.md` gives `positions` and `account_seq`: (table, column, type).
+const CONTRACT: [(&str, &str, &str); 10] = [
+    ("account_seq", "account_id", "bigint"),
+    ("account_seq", "last_seq", "bigint"),
+    ("positions", "account_id", "bigint"),
+    ("positions", "symbol", "text"),
+    ("positions", "net_qty", "numeric"),
+    ("positions", "avg_price", "numeric"),
+    ("positions", "realized_pnl", "numeric"),
+    ("positions", "last_price", "numeric"),
+    ("positions", "last_trade_at", "timestamp with time zone"),
+    ("positions", "last_seq", "bigint"),
+];
+
+/// A write side over one database: its intake, relay, load generator and counters.
+#[derive(Debug, Clone)]
+pub struct WriteSide {
+    pool: Pool,
+    /// This database's tag, part of every event id (see `writeside.meta`).
+    instance: Arc<str>,
+    counters: Arc<Counters>,
+    /// Woken after each committed write, so that a relay in this process publishes at once
+    /// instead of at its next poll.
+    written: Arc<Notify>,
+}
+
+impl WriteSide {
+    /// Creates the schema when it is missing (idempotent) and returns the write side.
+    ///
+    /// Refuses a `public.positions` or `public.account_seq` that exists with other columns than
+    /// the snapshot contract's.
+    pub async fn new(pool: Pool) -> Result<Self, WriteSideError> {
+        let mut client = pool.get().await.map_err(WriteSideError::Pool)?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("starting the schema transaction"))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
+            .await
+            .map_err(db("taking the schema lock"))?;
+        tx.batch_execute(&sql::SCHEMA)
+            .await
+            .map_err(db("creating the write side's schema"))?;
+        let shape: Vec<(String, String, String)> = tx
+            .query(*sql::POSITIONS_SHAPE, &[])
+            .await
+            .map_err(db("reading the shape of positions and account_seq"))?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        let expected: Vec<(String, String, String)> = CONTRACT
+            .iter()
+            .map(|(t, c, ty)| ((*t).to_owned(), (*c).to_owned(), (*ty).to_owned()))
+            .collect();
+        if shape != expected {
+            return Err(WriteSideError::InvalidConfig(format!(
+                "public.positions or public.account_seq exists with columns other than docs/views.md's snapshot contract: {shape:?}"
+            )));
+        }
+        let instance: String = tx
+            .query_one(*sql::INSTANCE, &[])
+            .await
+            .map_err(db("reading the write side's tag"))?
+            .get(0);
+        tx.commit()
+            .await
+            .map_err(db("committing the write side's schema"))?;
+        drop(client);
+        Ok(Self {
+            pool,
+            instance: instance.into(),
+            counters: Arc::new(Counters::default()),
+            written: Arc::new(Notify::new()),
+        })
+    }
+
+    /// This database's tag, as it appears in event ids (`fill-<tag>-<account>-<seq>`).
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// The pool it writes through.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The request intake.
+    pub fn intake(&self) -> Intake {
+        Intake {
+            pool: self.pool.clone(),
+            instance: Arc::clone(&self.instance),
+            counters: Arc::clone(&self.counters),
+            written: Arc::clone(&self.written),
+        }
+    }
+
+    /// An outbox relay publishing with `config`.
+    pub fn relay(&self, config: RelayConfig) -> Relay {
+        Relay {
+            pool: self.pool.clone(),
+            counters: Arc::clone(&self.counters),
+            written: Arc::clone(&self.written),
+            config,
+        }
+    }
+
+    /// Runs simulated clients against the intake until `stop` is cancelled or
+    /// [`LoadConfig::max_requests`] requests were made; see [`load`].
+    pub async fn run_load(
+        &self,
+        config: &LoadConfig,
+        stop: CancellationToken,
+    ) -> Result<(), WriteSideError> {
+        load::run(self.intake(), config, stop).await
+    }
+
+    /// The live counters.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    /// The counts as of now.
+    pub fn report(&self) -> Report {
+        self.counters.report()
+    }
+}
