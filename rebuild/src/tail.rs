@@ -154,107 +154,119 @@ pub(crate) async fn run(
         .map(|e| (e.partition, e.high))
         .collect()
     };
+    // Every error of a tick ends the loop through the same door as an outcome, so that the
+    // tail is stopped (its batches committed or rolled back) before the rebuild returns and
+    // lets go of its running lock; a tail left running would write after a drop.
     let result = loop {
-        let row = state::of_version(
-            &pool
-                .get()
-                .await
-                .map_err(|e| RebuildError::Connect(e.to_string()))?,
-            &name,
-            version,
-        )
-        .await?;
-        let Some(row) = row else {
-            break Ok(Outcome::Cancelled { version });
-        };
-        match row.phase.as_str() {
-            "cancelled" => break Ok(Outcome::Cancelled { version }),
-            "done" => {
-                progress.message(&format!("{name} v{version} was cut over"));
-                break Ok(Outcome::Stopped { version });
+        let tick = async {
+            let row = state::of_version(
+                &pool
+                    .get()
+                    .await
+                    .map_err(|e| RebuildError::Connect(e.to_string()))?,
+                &name,
+                version,
+            )
+            .await?;
+            let Some(row) = row else {
+                return Ok(Some(Outcome::Cancelled { version }));
+            };
+            match row.phase.as_str() {
+                "cancelled" => return Ok(Some(Outcome::Cancelled { version })),
+                "done" => {
+                    progress.message(&format!("{name} v{version} was cut over"));
+                    return Ok(Some(Outcome::Stopped { version }));
+                }
+                _ => {}
             }
-            _ => {}
-        }
-        let live_now = state::versions(
-            &pool
-                .get()
-                .await
-                .map_err(|e| RebuildError::Connect(e.to_string()))?,
-            &name,
-        )
-        .await?
-        .iter()
-        .any(|v| v.version == version && v.state == "live");
-        if live_now {
-            progress.message(&format!("{name} v{version} is live now"));
-            break Ok(Outcome::Stopped { version });
-        }
-        match (row.paused, consuming.is_some()) {
-            (true, true) => {
+            let live_now = state::versions(
+                &pool
+                    .get()
+                    .await
+                    .map_err(|e| RebuildError::Connect(e.to_string()))?,
+                &name,
+            )
+            .await?
+            .iter()
+            .any(|v| v.version == version && v.state == "live");
+            if live_now {
+                progress.message(&format!("{name} v{version} is live now"));
+                return Ok(Some(Outcome::Stopped { version }));
+            }
+            match (row.paused, consuming.is_some()) {
+                (true, true) => {
+                    if let Some(c) = consuming.take() {
+                        c.stop().await?;
+                    }
+                    progress.message(&format!(
+                        "paused; resume with `projector rebuild {name} --resume`"
+                    ));
+                }
+                (false, false) => {
+                    let token = shutdown.child_token();
+                    let task = tokio::spawn(run_view(
+                        applier.clone(),
+                        pool.clone(),
+                        config.clone(),
+                        Arc::new(NoObserver),
+                        token.clone(),
+                    ));
+                    consuming = Some(Consuming { token, task });
+                }
+                _ => {}
+            }
+            if consuming.as_ref().is_some_and(|c| c.task.is_finished()) {
+                // Its error, if it ended with one, says more than that it ended.
                 if let Some(c) = consuming.take() {
                     c.stop().await?;
                 }
-                progress.message(&format!(
-                    "paused; resume with `projector rebuild {name} --resume`"
-                ));
-            }
-            (false, false) => {
-                let token = shutdown.child_token();
-                let task = tokio::spawn(run_view(
-                    applier.clone(),
-                    pool.clone(),
-                    config.clone(),
-                    Arc::new(NoObserver),
-                    token.clone(),
-                ));
-                consuming = Some(Consuming { token, task });
-            }
-            _ => {}
-        }
-        if let Some(c) = &consuming {
-            if c.task.is_finished() {
-                if let Some(c) = consuming.take() {
-                    c.stop().await?;
-                }
-                break Err(RebuildError::Tail(format!(
+                return Err(RebuildError::Tail(format!(
                     "{consumer} stopped consuming; see the log"
                 )));
             }
-        }
 
-        let status = measure(pool, &log, &consumer, row.paused, &mut last).await?;
-        progress.status(&status);
-        let backlog_done = backlog.iter().all(|(p, high)| {
-            status
-                .partitions
-                .iter()
-                .find(|s| s.partition == *p)
-                .is_none_or(|s| s.next_offset >= *high)
-        });
-        if row.cutover == Cutover::Auto
-            && !row.paused
-            && backlog_done
-            && status.lag() <= options.cutover_lag
-        {
-            if let Some(c) = consuming.take() {
-                c.stop().await?;
+            let status = measure(pool, &log, &consumer, row.paused, &mut last).await?;
+            progress.status(&status);
+            let backlog_done = backlog.iter().all(|(p, high)| {
+                status
+                    .partitions
+                    .iter()
+                    .find(|s| s.partition == *p)
+                    .is_none_or(|s| s.next_offset >= *high)
+            });
+            if row.cutover == Cutover::Auto
+                && !row.paused
+                && backlog_done
+                && status.lag() <= options.cutover_lag
+            {
+                if let Some(c) = consuming.take() {
+                    c.stop().await?;
+                }
+                let mut client = pool
+                    .get()
+                    .await
+                    .map_err(|e| RebuildError::Connect(e.to_string()))?;
+                let report = cutover::cutover(&mut client, registry, &name, version).await?;
+                return Ok(Some(Outcome::CutOver(report)));
             }
-            let mut client = pool
-                .get()
-                .await
-                .map_err(|e| RebuildError::Connect(e.to_string()))?;
-            let report = cutover::cutover(&mut client, registry, &name, version).await?;
-            break Ok(Outcome::CutOver(report));
+            Ok(None)
+        };
+        match tick.await {
+            Ok(Some(outcome)) => break Ok(outcome),
+            Ok(None) => {}
+            Err(e) => break Err(e),
         }
         tokio::select! {
             _ = shutdown.cancelled() => break Ok(Outcome::Stopped { version }),
             _ = tokio::time::sleep(options.tick) => {}
         }
     };
-    if let Some(c) = consuming.take() {
-        c.stop().await?;
-    }
-    result
+    let stopped = match consuming.take() {
+        Some(c) => c.stop().await,
+        None => Ok(()),
+    };
+    // The first error wins: a tail that failed says why, not that stopping it failed too.
+    result.and_then(|outcome| stopped.map(|()| outcome))
 }
 
 /// Reads the version's offsets and counters and the log's watermarks.
