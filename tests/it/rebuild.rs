@@ -1247,6 +1247,23 @@ async fn dropping_the_old_version_right_after_a_cutover_waits_for_the_live_servi
     assert_eq!(version_rows(&db, 2).await, reference(&all).await);
 }
 
+/// About 7 MB of events portfolio ignores, for accounts 101 to 110: more than the mock
+/// cluster keeps of a partition (about 5 MiB), so it drops the oldest messages.
+fn memos() -> Vec<EventSpec> {
+    let pad = "x".repeat(2_000);
+    (0..3_500)
+        .map(|i| {
+            EventSpec::new(
+                "memo",
+                101 + i % 10,
+                1 + i / 10,
+                "2026-11-29T10:15:00Z",
+                serde_json::json!({ "pad": pad }),
+            )
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_that_retention_overtook_stops_instead_of_skipping() {
     let broker = DevBroker::start(1, &[(TOPIC, 1)]).expect("broker");
@@ -1272,19 +1289,7 @@ async fn a_rebuild_that_retention_overtook_stops_instead_of_skipping() {
 
     // While the rebuild is stopped, retention drops the log past its position (the mock
     // cluster keeps about 5 MiB a partition).
-    let pad = "x".repeat(2_000);
-    let memos: Vec<EventSpec> = (0..3_500)
-        .map(|i| {
-            EventSpec::new(
-                "memo",
-                101 + i % 10,
-                1 + i / 10,
-                "2026-11-29T10:15:00Z",
-                serde_json::json!({ "pad": pad }),
-            )
-        })
-        .collect();
-    publish(&bootstrap, TOPIC, &memos).await;
+    publish(&bootstrap, TOPIC, &memos()).await;
     let low = projector_rebuild::log::Log::connect(&config(&bootstrap, TOPIC))
         .expect("log")
         .extents()
@@ -1314,6 +1319,45 @@ async fn a_rebuild_that_retention_overtook_stops_instead_of_skipping() {
         "{text}"
     );
     assert_eq!(consumed(&db, "portfolio_v2").await, events.len() as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_rebuild_that_retention_overtakes_stops_instead_of_skipping() {
+    let broker = DevBroker::start(1, &[(TOPIC, 1)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = Arc::new(TestDb::new(&views()).await);
+    let events = fills(10, 20);
+    publish(&bootstrap, TOPIC, &events).await;
+    // Slower than retention: 100 messages a second.
+    let mut options = earliest(Cutover::Manual);
+    options.max_rate = Some(100);
+    options.batch_messages = 20;
+    let running = {
+        let (db, bootstrap) = (db.clone(), bootstrap.clone());
+        tokio::spawn(async move {
+            rebuild(&db, &bootstrap, TOPIC, &options, CancellationToken::new()).await
+        })
+    };
+    eventually(
+        "the rebuild to be under way",
+        || consumed(&db, "portfolio_v2"),
+        |n| *n > 0,
+    )
+    .await;
+    publish(&bootstrap, TOPIC, &memos()).await;
+
+    let outcome = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the overtaken rebuild must stop, not tail past the hole")
+        .expect("join");
+    let error = outcome.expect_err("a rebuild that lost messages must not go on");
+    assert!(
+        error.to_string().contains("partition 0 at offset "),
+        "{error}"
+    );
+    // Nothing past the hole was applied: the rebuild never moved beyond what it had read.
+    let at = consumed(&db, "portfolio_v2").await;
+    assert!(at <= events.len() as i64, "consumed past the hole: {at}");
 }
 
 #[test]
