@@ -129,6 +129,15 @@ pub(crate) async fn run(
     // Large batches fill faster than a live stream trickles: wait a little for them.
     config.linger = config.linger.max(Duration::from_millis(20));
     config.max_rate = options.max_rate;
+    if !options.allow_gaps {
+        // A stored offset that retention has dropped must stop the partition, not move it
+        // silently to the log's new start (librdkafka's `earliest`): the messages between
+        // would never reach this version. The stalled partition is then found below the
+        // log's start at the next tick, and the rebuild stops, saying so.
+        config
+            .properties
+            .push(("auto.offset.reset".to_owned(), "error".to_owned()));
+    }
     let log = {
         let k = kafka.clone();
         tokio::task::spawn_blocking(move || Log::connect(&k))
@@ -193,6 +202,21 @@ pub(crate) async fn run(
                 progress.message(&format!("{name} v{version} is live now"));
                 return Ok(Some(Outcome::Stopped { version }));
             }
+            let (status, overtaken) = measure(pool, &log, &consumer, row.paused, &mut last).await?;
+            if !options.allow_gaps && !overtaken.is_empty() {
+                return Err(RebuildError::Overtaken {
+                    detail: overtaken
+                        .iter()
+                        .map(|o| {
+                            format!(
+                                "partition {} at offset {}, the log now starts at {}",
+                                o.partition, o.position, o.low
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                });
+            }
             match (row.paused, consuming.is_some()) {
                 (true, true) => {
                     if let Some(c) = consuming.take() {
@@ -225,7 +249,6 @@ pub(crate) async fn run(
                 )));
             }
 
-            let status = measure(pool, &log, &consumer, row.paused, &mut last).await?;
             progress.status(&status);
             let backlog_done = backlog.iter().all(|(p, high)| {
                 status
@@ -269,14 +292,26 @@ pub(crate) async fn run(
     result.and_then(|outcome| stopped.map(|()| outcome))
 }
 
-/// Reads the version's offsets and counters and the log's watermarks.
+/// A partition whose log now starts past where the rebuild is: retention dropped messages
+/// it had not consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Overtaken {
+    partition: i32,
+    /// The rebuild's next offset (0 before its first batch: it reads from the start).
+    position: i64,
+    /// The log's first offset.
+    low: i64,
+}
+
+/// Reads the version's offsets and counters and the log's watermarks, and the partitions
+/// retention has overtaken.
 async fn measure(
     pool: &Pool,
     log: &Arc<std::sync::Mutex<Log>>,
     consumer: &str,
     paused: bool,
     last: &mut Option<(Instant, i64)>,
-) -> Result<Status, RebuildError> {
+) -> Result<(Status, Vec<Overtaken>), RebuildError> {
     let extents: Vec<Extent> = {
         let log = Arc::clone(log);
         tokio::task::spawn_blocking(move || match log.lock() {
@@ -309,8 +344,17 @@ async fn measure(
         .get(0);
     let (mut applied, mut consumed, mut dead) = (0i64, 0i64, 0i64);
     let mut partitions = Vec::new();
+    let mut overtaken = Vec::new();
     for e in extents {
         let row = rows.iter().find(|r| r.get::<_, i32>(0) == e.partition);
+        let position = row.map_or(0, |r| r.get(1));
+        if position < e.low {
+            overtaken.push(Overtaken {
+                partition: e.partition,
+                position,
+                low: e.low,
+            });
+        }
         if let Some(r) = row {
             applied += r.get::<_, i64>(2);
             consumed += r.get::<_, i64>(3);
@@ -333,7 +377,7 @@ async fn measure(
         _ => 0,
     };
     *last = Some((now, consumed));
-    Ok(Status {
+    let status = Status {
         consumer: consumer.to_owned(),
         applied,
         consumed,
@@ -342,5 +386,6 @@ async fn measure(
         partitions,
         rate,
         paused,
-    })
+    };
+    Ok((status, overtaken))
 }
