@@ -133,9 +133,8 @@ pub async fn rebuild(
     // A rebuild writes tables nobody reads yet: a commit need not wait for its WAL to reach
     // disk. A crash of PostgreSQL may lose the last few commits, rows, inbox and offsets
     // together, and the tail resumes from what survived: the result is still exact.
-    // The connections the tail may use, one for the registry and one holding the running lock.
     let settings = Settings {
-        max_size: options.connections.max(1) + 2,
+        max_size: options.connections.max(1) + 1,
         session: vec![("synchronous_commit".to_owned(), "off".to_owned())],
         ..Settings::default()
     };

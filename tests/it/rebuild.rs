@@ -1371,6 +1371,40 @@ async fn a_rate_limited_rebuild_that_retention_overtakes_stops_instead_of_skippi
     assert!(at <= events.len() as i64, "consumed past the hole: {at}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_service_holding_its_running_locks_still_serves_from_a_pool_of_one() {
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let registry = views();
+    let db = TestDb::new(&registry).await;
+    let events = fills(5, 4);
+    publish(&bootstrap, TOPIC, &events).await;
+    // `projector run --pool-size 1`: the session holding the locks is not one of the pool's.
+    let pool = projector_engine::db::pool(db.url(), 1).expect("pool");
+    let stop = CancellationToken::new();
+    let live = tokio::spawn(run_live(
+        registry,
+        pool,
+        config(&bootstrap, TOPIC),
+        Arc::new(Commits::default()),
+        stop.clone(),
+        LiveOptions {
+            names: vec!["portfolio".to_owned()],
+            refresh: Duration::from_millis(100),
+            owner: None,
+        },
+    ));
+    eventually(
+        "v1 to consume the log",
+        || consumed(&db, "portfolio_v1"),
+        |n| *n >= events.len() as i64,
+    )
+    .await;
+    stop.cancel();
+    live.await.expect("join").expect("the live service");
+    assert_eq!(version_rows(&db, 1).await, reference(&events).await);
+}
+
 #[test]
 fn verify_compares_retire_drops_and_refusals_are_one_line() {
     let rt = runtime();

@@ -13,7 +13,7 @@
 //! lets go with its connection. The tries never wait, so nothing here can block a running
 //! view.
 
-use deadpool_postgres::{Object, Pool, PoolError};
+use deadpool_postgres::{ClientWrapper, Object, Pool, PoolError};
 use tokio_postgres::{Client, Error};
 
 /// The first key of every lock here ("prjr"); the second is `hashtext(consumer)`. A hash
@@ -65,11 +65,12 @@ pub async fn give_back(client: &Client, consumer: &str) -> Result<(), Error> {
         .map(|_| ())
 }
 
-/// A connection taken out of its pool to hold locks: dropping it closes the connection,
-/// which lets go of every lock it holds. (Given back to the pool, it would hold them for
-/// whoever got it next.)
+/// A connection taken out of its pool to hold locks: it no longer counts against the pool's
+/// size (a pool of one still serves the views), and dropping it closes the connection, which
+/// lets go of every lock it holds. (Given back to the pool, it would hold them for whoever
+/// got it next.)
 pub struct Session {
-    client: Option<Object>,
+    client: ClientWrapper,
 }
 
 impl std::fmt::Debug for Session {
@@ -82,23 +83,12 @@ impl Session {
     /// A session of `pool`'s database.
     pub async fn open(pool: &Pool) -> Result<Self, PoolError> {
         Ok(Self {
-            client: Some(pool.get().await?),
+            client: Object::take(pool.get().await?),
         })
     }
 
     /// The session's connection.
     pub fn client(&self) -> &Client {
-        match &self.client {
-            Some(client) => client,
-            None => unreachable!("a session's connection is taken only when it is dropped"),
-        }
-    }
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        if let Some(object) = self.client.take() {
-            drop(Object::take(object));
-        }
+        &self.client
     }
 }
