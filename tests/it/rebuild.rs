@@ -1552,7 +1552,8 @@ async fn max_rate_bounds_what_the_rebuild_consumes() {
     let mut samples = 0;
     while seen < 1_200 {
         let now = consumed(&db, "portfolio_v2").await;
-        let elapsed_ms = i64::try_from(started.elapsed().as_millis()).expect("ms");
+        // Rounded up: as_millis truncates.
+        let elapsed_ms = i64::try_from(started.elapsed().as_millis()).expect("ms") + 1;
         assert!(
             now * 1_000 <= RATE * elapsed_ms + BATCH * 1_000,
             "{now} messages consumed in {elapsed_ms} ms at {RATE}/s (batches of {BATCH})"
