@@ -9,8 +9,10 @@
 //! even when the new version's columns differ.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use deadpool_postgres::Client;
+use projector_engine::kafka::running;
 use projector_engine::projection::render;
 use projector_engine::{Projection, Registry};
 
@@ -195,12 +197,41 @@ pub async fn retire(
     Ok(())
 }
 
+/// How long a drop waits for the processes that run the version to stop: `projector run`
+/// stops a retired version within its refresh (2 s), a rebuild stops at its next look at the
+/// registry (1 s), each after its batch in flight.
+pub const DROP_WAIT: Duration = Duration::from_secs(60);
+
 /// Drops a version's tables and deletes its inbox rows (in batches, never one long
-/// DELETE), offsets, progress, waiting events, parks and dead letters.
+/// DELETE), offsets, progress, waiting events, parks and dead letters, once no process runs
+/// the version (its running lock, taken exclusively, see [`running`]): a batch committed
+/// after the drop would leave offsets and progress behind, which a rebuild into the same
+/// version number would resume from.
 pub async fn drop_version(
     client: &mut Client,
     view: &Arc<dyn Projection>,
 ) -> Result<(), RebuildError> {
+    let consumer = view.consumer();
+    let deadline = tokio::time::Instant::now() + DROP_WAIT;
+    while !running::try_take(client, &consumer)
+        .await
+        .map_err(db("waiting for the version's consumers to stop"))?
+    {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(RebuildError::Refused(format!(
+                "{consumer} is still being consumed by a running process (`projector run` stops a retired version within seconds, a rebuild at its next look at the registry); if one is stuck, stop it, then run this command again"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let dropped = drop_taken(client, view).await;
+    let given_back = running::give_back(client, &consumer)
+        .await
+        .map_err(db("giving the running lock back"));
+    dropped.and(given_back)
+}
+
+async fn drop_taken(client: &mut Client, view: &Arc<dyn Projection>) -> Result<(), RebuildError> {
     let consumer = view.consumer();
     for table in view.tables().iter().rev() {
         client
@@ -240,14 +271,15 @@ pub async fn drop_version(
 }
 
 /// Cancels the rebuild of `name` under way: a running rebuild stops at its next look at
-/// the registry, and what it built is dropped, its registry row included, so the version
-/// number is free again. Returns the version.
+/// the registry, what it built is dropped once it has stopped, and its registry row with it,
+/// so the version number is free again. A cancel that could not finish (the rebuild did not
+/// stop in time) is finished by the next one. Returns the version.
 pub async fn cancel(
     client: &mut Client,
     registry: &Registry,
     name: &str,
 ) -> Result<i32, RebuildError> {
-    let Some(r) = state::unfinished(client, name).await? else {
+    let Some(r) = state::cancellable(client, name).await? else {
         return Err(RebuildError::Refused(format!(
             "no rebuild of {name} is under way"
         )));

@@ -22,6 +22,13 @@ pub enum RebuildError {
         /// Which partitions start late and how many accounts start past seq 1.
         detail: String,
     },
+    /// Retention dropped messages the rebuild had not consumed yet (it was stopped, or
+    /// slower than retention): going on would skip them.
+    #[error("retention dropped messages this rebuild had not consumed ({detail}); going on would skip them: cancel it and rebuild --from snapshot, or resume with --allow-gaps to go on without them (the accounts they belong to park)")]
+    Overtaken {
+        /// Each partition, where the rebuild is, and where the log starts now.
+        detail: String,
+    },
     /// The topic does not exist.
     #[error("topic {0:?} does not exist on the brokers")]
     NoTopic(String),

@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use projector_engine::db::{self, Settings};
+use projector_engine::kafka::running::{self, Session};
 use projector_engine::kafka::source::KafkaConfig;
 use projector_engine::projection::render;
 use projector_engine::{Projection, Registry};
@@ -145,6 +146,9 @@ pub async fn rebuild(
 
     let (version, source) = target(&client, registry, options).await?;
     let code = registry.code_for(name, version)?;
+    // Held until the rebuild returns: a cancel (or any drop of this version) waits for it,
+    // so nothing this rebuild commits outlives the drop.
+    let mut holding = Some(hold(&pool, &code).await?);
     let snapshot_sql = match source {
         Source::Snapshot => Some(
             code.snapshot_sql()
@@ -181,6 +185,7 @@ pub async fn rebuild(
                         // leaves no half-registered version behind.
                         if let RebuildError::Database { error, .. } = &e {
                             if error.code().is_some_and(|c| !c.code().starts_with("08")) {
+                                drop(holding.take());
                                 cutover::cancel(&mut client, registry, name).await?;
                             }
                         }
@@ -226,16 +231,18 @@ pub async fn rebuild(
                             start.accounts_past_first
                         ));
                         // Nothing is kept of a rebuild that must not start.
+                        drop(holding.take());
                         cutover::cancel(&mut client, registry, name).await?;
                         return Err(RebuildError::LogTrimmed {
                             detail: detail.join("; "),
                         });
                     }
                 }
+                // Only from `seeding`: a cancel that came meanwhile stays a cancel.
                 client
                     .execute(
                         "UPDATE projector.rebuilds SET phase = 'tailing', updated_at = now() \
-                         WHERE name = $1 AND version = $2",
+                         WHERE name = $1 AND version = $2 AND phase = 'seeding'",
                         &[&name, &version],
                     )
                     .await
@@ -244,7 +251,33 @@ pub async fn rebuild(
         }
     }
     drop(client);
-    tail::run(registry, &pool, kafka, options, &code, progress, shutdown).await
+    let outcome = tail::run(registry, &pool, kafka, options, &code, progress, shutdown).await;
+    // Every batch of the tail has committed or rolled back: a drop may go ahead.
+    drop(holding);
+    outcome
+}
+
+/// Holds the version's running lock ([`running`]) on a session of its own; refused while
+/// the version is being dropped.
+async fn hold(
+    pool: &deadpool_postgres::Pool,
+    code: &Arc<dyn Projection>,
+) -> Result<Session, RebuildError> {
+    let session = Session::open(pool)
+        .await
+        .map_err(|e| RebuildError::Connect(e.to_string()))?;
+    if running::try_hold(session.client(), &code.consumer())
+        .await
+        .map_err(db_err("taking the running lock"))?
+    {
+        Ok(session)
+    } else {
+        Err(RebuildError::Refused(format!(
+            "{} v{} is being dropped (a cancel or a retire --drop is under way); run this again once it has finished",
+            code.name(),
+            code.version()
+        )))
+    }
 }
 
 /// The version to build and where from: the rebuild under way, else the next free version.

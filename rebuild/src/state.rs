@@ -110,6 +110,22 @@ pub async fn unfinished(client: &Client, name: &str) -> Result<Option<RebuildRow
     Ok(row.map(|r| row_of(&r)))
 }
 
+/// The rebuild of `name` a cancel acts on: the one under way, else one whose cancel did
+/// not finish (phase `cancelled`, its version still registered: a finished cancel deletes
+/// the registry row, and this row with it).
+pub async fn cancellable(client: &Client, name: &str) -> Result<Option<RebuildRow>, RebuildError> {
+    let row = client
+        .query_opt(
+            "SELECT version, source, phase, paused, cutover FROM projector.rebuilds \
+             WHERE name = $1 AND phase IN ('seeding', 'tailing', 'cancelled') \
+             ORDER BY phase = 'cancelled', version DESC LIMIT 1",
+            &[&name],
+        )
+        .await
+        .map_err(db("reading the rebuilds"))?;
+    Ok(row.map(|r| row_of(&r)))
+}
+
 /// The rebuild of `name` into `version`, whatever its phase.
 pub async fn of_version(
     client: &Client,

@@ -129,6 +129,15 @@ pub(crate) async fn run(
     // Large batches fill faster than a live stream trickles: wait a little for them.
     config.linger = config.linger.max(Duration::from_millis(20));
     config.max_rate = options.max_rate;
+    if !options.allow_gaps {
+        // A stored offset that retention has dropped must stop the partition, not move it
+        // silently to the log's new start (librdkafka's `earliest`): the messages between
+        // would never reach this version. The stalled partition is then found below the
+        // log's start at the next tick, and the rebuild stops, saying so.
+        config
+            .properties
+            .push(("auto.offset.reset".to_owned(), "error".to_owned()));
+    }
     let log = {
         let k = kafka.clone();
         tokio::task::spawn_blocking(move || Log::connect(&k))
@@ -154,117 +163,155 @@ pub(crate) async fn run(
         .map(|e| (e.partition, e.high))
         .collect()
     };
+    // Every error of a tick ends the loop through the same door as an outcome, so that the
+    // tail is stopped (its batches committed or rolled back) before the rebuild returns and
+    // lets go of its running lock; a tail left running would write after a drop.
     let result = loop {
-        let row = state::of_version(
-            &pool
-                .get()
-                .await
-                .map_err(|e| RebuildError::Connect(e.to_string()))?,
-            &name,
-            version,
-        )
-        .await?;
-        let Some(row) = row else {
-            break Ok(Outcome::Cancelled { version });
-        };
-        match row.phase.as_str() {
-            "cancelled" => break Ok(Outcome::Cancelled { version }),
-            "done" => {
-                progress.message(&format!("{name} v{version} was cut over"));
-                break Ok(Outcome::Stopped { version });
+        let tick = async {
+            let row = state::of_version(
+                &pool
+                    .get()
+                    .await
+                    .map_err(|e| RebuildError::Connect(e.to_string()))?,
+                &name,
+                version,
+            )
+            .await?;
+            let Some(row) = row else {
+                return Ok(Some(Outcome::Cancelled { version }));
+            };
+            match row.phase.as_str() {
+                "cancelled" => return Ok(Some(Outcome::Cancelled { version })),
+                "done" => {
+                    progress.message(&format!("{name} v{version} was cut over"));
+                    return Ok(Some(Outcome::Stopped { version }));
+                }
+                _ => {}
             }
-            _ => {}
-        }
-        let live_now = state::versions(
-            &pool
-                .get()
-                .await
-                .map_err(|e| RebuildError::Connect(e.to_string()))?,
-            &name,
-        )
-        .await?
-        .iter()
-        .any(|v| v.version == version && v.state == "live");
-        if live_now {
-            progress.message(&format!("{name} v{version} is live now"));
-            break Ok(Outcome::Stopped { version });
-        }
-        match (row.paused, consuming.is_some()) {
-            (true, true) => {
+            let live_now = state::versions(
+                &pool
+                    .get()
+                    .await
+                    .map_err(|e| RebuildError::Connect(e.to_string()))?,
+                &name,
+            )
+            .await?
+            .iter()
+            .any(|v| v.version == version && v.state == "live");
+            if live_now {
+                progress.message(&format!("{name} v{version} is live now"));
+                return Ok(Some(Outcome::Stopped { version }));
+            }
+            let (status, overtaken) = measure(pool, &log, &consumer, row.paused, &mut last).await?;
+            if !options.allow_gaps && !overtaken.is_empty() {
+                return Err(RebuildError::Overtaken {
+                    detail: overtaken
+                        .iter()
+                        .map(|o| {
+                            format!(
+                                "partition {} at offset {}, the log now starts at {}",
+                                o.partition, o.position, o.low
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                });
+            }
+            match (row.paused, consuming.is_some()) {
+                (true, true) => {
+                    if let Some(c) = consuming.take() {
+                        c.stop().await?;
+                    }
+                    progress.message(&format!(
+                        "paused; resume with `projector rebuild {name} --resume`"
+                    ));
+                }
+                (false, false) => {
+                    let token = shutdown.child_token();
+                    let task = tokio::spawn(run_view(
+                        applier.clone(),
+                        pool.clone(),
+                        config.clone(),
+                        Arc::new(NoObserver),
+                        token.clone(),
+                    ));
+                    consuming = Some(Consuming { token, task });
+                }
+                _ => {}
+            }
+            if consuming.as_ref().is_some_and(|c| c.task.is_finished()) {
+                // Its error, if it ended with one, says more than that it ended.
                 if let Some(c) = consuming.take() {
                     c.stop().await?;
                 }
-                progress.message(&format!(
-                    "paused; resume with `projector rebuild {name} --resume`"
-                ));
-            }
-            (false, false) => {
-                let token = shutdown.child_token();
-                let task = tokio::spawn(run_view(
-                    applier.clone(),
-                    pool.clone(),
-                    config.clone(),
-                    Arc::new(NoObserver),
-                    token.clone(),
-                ));
-                consuming = Some(Consuming { token, task });
-            }
-            _ => {}
-        }
-        if let Some(c) = &consuming {
-            if c.task.is_finished() {
-                if let Some(c) = consuming.take() {
-                    c.stop().await?;
-                }
-                break Err(RebuildError::Tail(format!(
+                return Err(RebuildError::Tail(format!(
                     "{consumer} stopped consuming; see the log"
                 )));
             }
-        }
 
-        let status = measure(pool, &log, &consumer, row.paused, &mut last).await?;
-        progress.status(&status);
-        let backlog_done = backlog.iter().all(|(p, high)| {
-            status
-                .partitions
-                .iter()
-                .find(|s| s.partition == *p)
-                .is_none_or(|s| s.next_offset >= *high)
-        });
-        if row.cutover == Cutover::Auto
-            && !row.paused
-            && backlog_done
-            && status.lag() <= options.cutover_lag
-        {
-            if let Some(c) = consuming.take() {
-                c.stop().await?;
+            progress.status(&status);
+            let backlog_done = backlog.iter().all(|(p, high)| {
+                status
+                    .partitions
+                    .iter()
+                    .find(|s| s.partition == *p)
+                    .is_none_or(|s| s.next_offset >= *high)
+            });
+            if row.cutover == Cutover::Auto
+                && !row.paused
+                && backlog_done
+                && status.lag() <= options.cutover_lag
+            {
+                if let Some(c) = consuming.take() {
+                    c.stop().await?;
+                }
+                let mut client = pool
+                    .get()
+                    .await
+                    .map_err(|e| RebuildError::Connect(e.to_string()))?;
+                let report = cutover::cutover(&mut client, registry, &name, version).await?;
+                return Ok(Some(Outcome::CutOver(report)));
             }
-            let mut client = pool
-                .get()
-                .await
-                .map_err(|e| RebuildError::Connect(e.to_string()))?;
-            let report = cutover::cutover(&mut client, registry, &name, version).await?;
-            break Ok(Outcome::CutOver(report));
+            Ok(None)
+        };
+        match tick.await {
+            Ok(Some(outcome)) => break Ok(outcome),
+            Ok(None) => {}
+            Err(e) => break Err(e),
         }
         tokio::select! {
             _ = shutdown.cancelled() => break Ok(Outcome::Stopped { version }),
             _ = tokio::time::sleep(options.tick) => {}
         }
     };
-    if let Some(c) = consuming.take() {
-        c.stop().await?;
-    }
-    result
+    let stopped = match consuming.take() {
+        Some(c) => c.stop().await,
+        None => Ok(()),
+    };
+    // The first error wins: a tail that failed says why, not that stopping it failed too.
+    result.and_then(|outcome| stopped.map(|()| outcome))
 }
 
-/// Reads the version's offsets and counters and the log's watermarks.
+/// A partition whose log now starts past where the rebuild is: retention dropped messages
+/// it had not consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Overtaken {
+    partition: i32,
+    /// The rebuild's next offset (0 before its first batch: it reads from the start).
+    position: i64,
+    /// The log's first offset.
+    low: i64,
+}
+
+/// Reads the version's offsets and counters and the log's watermarks, and the partitions
+/// retention has overtaken.
 async fn measure(
     pool: &Pool,
     log: &Arc<std::sync::Mutex<Log>>,
     consumer: &str,
     paused: bool,
     last: &mut Option<(Instant, i64)>,
-) -> Result<Status, RebuildError> {
+) -> Result<(Status, Vec<Overtaken>), RebuildError> {
     let extents: Vec<Extent> = {
         let log = Arc::clone(log);
         tokio::task::spawn_blocking(move || match log.lock() {
@@ -297,8 +344,17 @@ async fn measure(
         .get(0);
     let (mut applied, mut consumed, mut dead) = (0i64, 0i64, 0i64);
     let mut partitions = Vec::new();
+    let mut overtaken = Vec::new();
     for e in extents {
         let row = rows.iter().find(|r| r.get::<_, i32>(0) == e.partition);
+        let position = row.map_or(0, |r| r.get(1));
+        if position < e.low {
+            overtaken.push(Overtaken {
+                partition: e.partition,
+                position,
+                low: e.low,
+            });
+        }
         if let Some(r) = row {
             applied += r.get::<_, i64>(2);
             consumed += r.get::<_, i64>(3);
@@ -321,7 +377,7 @@ async fn measure(
         _ => 0,
     };
     *last = Some((now, consumed));
-    Ok(Status {
+    let status = Status {
         consumer: consumer.to_owned(),
         applied,
         consumed,
@@ -330,5 +386,6 @@ async fn measure(
         partitions,
         rate,
         paused,
-    })
+    };
+    Ok((status, overtaken))
 }

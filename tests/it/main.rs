@@ -2,7 +2,6 @@
 //! database per test) and, for the Kafka tests, librdkafka's mock cluster.
 
 mod support;
-
 mod bench_smoke;
 mod cli;
 mod engine_arbitrary;
@@ -23,6 +22,7 @@ mod kafka_process;
 mod kafka_publish;
 mod kafka_source;
 mod ops_repairs;
+mod rebuild;
 mod rebuild_notices;
 mod views_conformance;
 mod views_golden;

@@ -4,6 +4,9 @@
 //!
 //! - [`source`]: one view version's consumer group: poll thread, workers, fencing, timeouts.
 //! - [`supervisor`]: the live versions of the selected views, following the view registry.
+//! - [`running`]: the lock a process holds while it runs a view version, so that nobody
+//!   drops a version under it.
 
+pub mod running;
 pub mod source;
 pub mod supervisor;

@@ -5,6 +5,10 @@
 //! `building` versions are not run here: the `projector rebuild` that builds one consumes for
 //! it under its own consumer group and budget. A version whose code this binary does not
 //! have (a newer binary registered it) is reported once and left alone.
+//!
+//! While it runs a version, the service holds that version's running lock ([`running`]) on
+//! a session of its own, so a `retire --drop` issued right after a cutover waits until this
+//! process has stopped the retired version instead of dropping its tables under it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -15,6 +19,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::Applier;
+use crate::kafka::running::{self, Session};
 use crate::kafka::source::{run_view, KafkaConfig, Observer, SourceError};
 use crate::projection::{Registry, SourceOrdering};
 
@@ -60,7 +65,12 @@ pub async fn run_live(
     let mut failed: BTreeSet<String> = BTreeSet::new();
     let mut reported: BTreeSet<String> = BTreeSet::new();
     let mut registry_down = false;
+    let mut holds = Holds::default();
     loop {
+        // A lost lock session lost its locks: hold them again for what still runs.
+        for consumer in running.keys() {
+            let _ = holds.hold(&pool, consumer).await;
+        }
         match live_versions(&pool).await {
             Ok(live) => {
                 if registry_down {
@@ -85,6 +95,7 @@ pub async fn run_live(
                         eprintln!("projector: {consumer} is no longer live; stopped");
                         r.token.cancel();
                         collect(&consumer, r.task.await, &mut errors);
+                        holds.let_go(&consumer).await;
                     }
                 }
                 for (name, version) in wanted {
@@ -115,6 +126,15 @@ pub async fn run_live(
                         Some(owner) => applier.owned_by(owner.clone()),
                         None => applier,
                     };
+                    match holds.hold(&pool, &consumer).await {
+                        Ok(true) => {}
+                        // Being dropped (it was live a moment ago): not started.
+                        Ok(false) => continue,
+                        Err(e) => {
+                            tracing::warn!(%consumer, error = %e, "cannot take the running lock; starting it at the next look");
+                            continue;
+                        }
+                    }
                     tracing::info!(%consumer, topic = %config.topic, "starting");
                     eprintln!("projector: consuming {} into {consumer}", config.topic);
                     let token = shutdown.child_token();
@@ -144,6 +164,7 @@ pub async fn run_live(
         for consumer in finished {
             if let Some(r) = running.remove(&consumer) {
                 collect(&consumer, r.task.await, &mut errors);
+                holds.let_go(&consumer).await;
                 failed.insert(consumer);
             }
         }
@@ -156,10 +177,62 @@ pub async fn run_live(
         r.token.cancel();
         collect(&consumer, r.task.await, &mut errors);
     }
+    // Closing the session lets go of every lock it holds.
+    drop(holds);
     if errors.is_empty() {
         Ok(())
     } else {
         Err(errors)
+    }
+}
+
+/// The running locks of what this service runs, on one session of their own.
+#[derive(Debug, Default)]
+struct Holds {
+    session: Option<Session>,
+    held: BTreeSet<String>,
+}
+
+impl Holds {
+    /// Holds `consumer`'s running lock: `Ok(false)` when a drop of it is under way.
+    async fn hold(&mut self, pool: &Pool, consumer: &str) -> Result<bool, String> {
+        if self.held.contains(consumer) {
+            return Ok(true);
+        }
+        let session = match &self.session {
+            Some(session) => session,
+            None => {
+                self.held.clear();
+                self.session
+                    .insert(Session::open(pool).await.map_err(|e| e.to_string())?)
+            }
+        };
+        match running::try_hold(session.client(), consumer).await {
+            Ok(held) => {
+                if held {
+                    self.held.insert(consumer.to_owned());
+                }
+                Ok(held)
+            }
+            Err(e) => {
+                self.session = None;
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Gives `consumer`'s lock back once it stopped.
+    async fn let_go(&mut self, consumer: &str) {
+        if !self.held.remove(consumer) {
+            return;
+        }
+        if let Some(session) = &self.session {
+            if running::let_go(session.client(), consumer).await.is_err() {
+                // The session is broken; closing it lets go of everything it held.
+                self.session = None;
+                self.held.clear();
+            }
+        }
     }
 }
 

@@ -151,3 +151,36 @@ pub fn run_to_end(args: &[&str]) -> (ExitStatus, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// What a finished `projector` run printed.
+#[derive(Debug)]
+pub struct Output {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    /// The non-blank lines of standard error.
+    pub fn error_lines(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .collect()
+    }
+}
+
+/// Runs `projector <args>` to completion and returns its status and both outputs.
+pub fn run_output(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_projector"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run projector");
+    Output {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}

@@ -1,0 +1,94 @@
+//! Who runs a view version. Every process that consumes for one (the live service for a
+//! live version, a rebuild for the version it builds) holds a *shared* advisory lock keyed
+//! by the version's consumer name for as long as it runs; dropping a version (its tables,
+//! inbox rows, offsets and progress) takes that lock *exclusively* first, so it happens only
+//! once no process runs the version.
+//!
+//! Why: a batch committed after the drop leaves offsets and `seq` progress behind for a
+//! version that is gone (a batch of events the view ignores writes nothing else), and a
+//! rebuild into the same version number would resume from them and skip what they cover;
+//! a batch that can no longer commit is retried for ever, and holds its consumer's shutdown.
+//!
+//! The locks are session locks on a session of their own ([`Session`]): a process that dies
+//! lets go with its connection. The tries never wait, so nothing here can block a running
+//! view.
+
+use deadpool_postgres::{ClientWrapper, Object, Pool, PoolError};
+use tokio_postgres::{Client, Error};
+
+/// The first key of every lock here ("prjr"); the second is `hashtext(consumer)`. A hash
+/// collision between two consumers only makes one drop wait for the other's runners.
+const CLASS: i32 = 0x7072_6a72;
+
+/// Takes `consumer`'s lock shared (this session runs it), unless a drop holds it: `false`.
+pub async fn try_hold(client: &Client, consumer: &str) -> Result<bool, Error> {
+    let row = client
+        .query_one(
+            "SELECT pg_try_advisory_lock_shared($1, hashtext($2))",
+            &[&CLASS, &consumer],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Gives a shared hold back.
+pub async fn let_go(client: &Client, consumer: &str) -> Result<(), Error> {
+    client
+        .execute(
+            "SELECT pg_advisory_unlock_shared($1, hashtext($2))",
+            &[&CLASS, &consumer],
+        )
+        .await
+        .map(|_| ())
+}
+
+/// Takes `consumer`'s lock exclusively (nobody runs it, and nobody can start it until
+/// [`give_back`]), unless a process runs it: `false`.
+pub async fn try_take(client: &Client, consumer: &str) -> Result<bool, Error> {
+    let row = client
+        .query_one(
+            "SELECT pg_try_advisory_lock($1, hashtext($2))",
+            &[&CLASS, &consumer],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Gives an exclusive lock back.
+pub async fn give_back(client: &Client, consumer: &str) -> Result<(), Error> {
+    client
+        .execute(
+            "SELECT pg_advisory_unlock($1, hashtext($2))",
+            &[&CLASS, &consumer],
+        )
+        .await
+        .map(|_| ())
+}
+
+/// A connection taken out of its pool to hold locks: it no longer counts against the pool's
+/// size (a pool of one still serves the views), and dropping it closes the connection, which
+/// lets go of every lock it holds. (Given back to the pool, it would hold them for whoever
+/// got it next.)
+pub struct Session {
+    client: ClientWrapper,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// A session of `pool`'s database.
+    pub async fn open(pool: &Pool) -> Result<Self, PoolError> {
+        Ok(Self {
+            client: Object::take(pool.get().await?),
+        })
+    }
+
+    /// The session's connection.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+}

@@ -1,0 +1,1572 @@
+//! Rebuilding a view while live (`projector rebuild`, `verify`, `cutover`, `retire`) against
+//! real PostgreSQL and librdkafka's mock cluster: the library in-process where a test has to
+//! watch the rebuild closely, the binary where a process must die or a command line must
+//! answer. Every test rebuilds `portfolio` (order-dependent: a skipped, repeated or
+//! reordered event changes its rows) into v2 `--from earliest` and compares it with the fold
+//! of the distinct events.
+//!
+//! Not here: the snapshot source (it needs the write side's tables), and anything that needs
+//! offsets by time, which the mock cluster does not answer (every timestamp gets the end of
+//! the log).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::support::kafka::{config, ends_of, publish, publish_raw, Raw};
+use crate::support::process::{run_output, Output, Projector};
+use crate::support::{fills, offsets, rows};
+use projector_devkit::devbroker::DevBroker;
+use projector_engine::kafka::source::{run_view, Observer};
+use projector_engine::kafka::supervisor::{run_live, LiveOptions};
+use projector_engine::testkit::conformance::dump;
+use projector_engine::testkit::{cash, consume, fill, EventSpec, Lcg, Partition, TestDb};
+use projector_engine::{Applier, Projection, Registry, SourceOrdering};
+use projector_rebuild::tail::Silent;
+use projector_rebuild::{cutover, verify, Cutover, Options, Outcome, RebuildError, Source};
+use tokio_util::sync::CancellationToken;
+
+const LIMIT: Duration = Duration::from_secs(120);
+const TOPIC: &str = "fills";
+/// What the child processes log: enough to explain a failure.
+const LOG: &str = "projector_engine::kafka=info,warn";
+
+fn views() -> Registry {
+    projector_views::registry().expect("the built-in views")
+}
+
+fn portfolio(version: i32) -> Arc<dyn Projection> {
+    views()
+        .code_for("portfolio", version)
+        .expect("portfolio's code at any version")
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// A rebuild of portfolio from the earliest offsets that looks at the registry often.
+fn earliest(cutover: Cutover) -> Options {
+    let mut o = Options::new("portfolio");
+    o.source = Source::Earliest;
+    o.cutover = cutover;
+    o.tick = Duration::from_millis(100);
+    o.batch_messages = 500;
+    o
+}
+
+async fn rebuild(
+    db: &TestDb,
+    bootstrap: &str,
+    topic: &str,
+    options: &Options,
+    shutdown: CancellationToken,
+) -> Result<Outcome, RebuildError> {
+    projector_rebuild::rebuild(
+        &views(),
+        db.url(),
+        config(bootstrap, topic),
+        options,
+        &Silent,
+        shutdown,
+    )
+    .await
+}
+
+/// Rebuilds to the end, which must be a cutover of portfolio from v1 to v2.
+async fn rebuild_and_cut_over(db: &TestDb, bootstrap: &str, topic: &str) {
+    let outcome = tokio::time::timeout(
+        LIMIT,
+        rebuild(
+            db,
+            bootstrap,
+            topic,
+            &earliest(Cutover::Auto),
+            CancellationToken::new(),
+        ),
+    )
+    .await
+    .expect("the rebuild to cut over in time")
+    .expect("the rebuild");
+    let Outcome::CutOver(report) = outcome else {
+        panic!("expected a cutover, got {outcome:?}");
+    };
+    assert_eq!((report.old, report.new), (Some(1), 2));
+}
+
+/// The portfolio tables after the distinct events were applied once each, in the order
+/// given, in a database of their own.
+async fn reference(events: &[EventSpec]) -> Vec<Vec<String>> {
+    let db = TestDb::new(&views()).await;
+    let applier = Applier::new(portfolio(1), SourceOrdering::PerAccount).expect("applier");
+    let mut client = db.client().await;
+    consume(
+        &applier,
+        &mut client,
+        &Partition::from_events("reference", 0, events),
+        500,
+    )
+    .await;
+    dump(&client, &*portfolio(1)).await
+}
+
+async fn version_rows(db: &TestDb, version: i32) -> Vec<Vec<String>> {
+    dump(&db.client().await, &*portfolio(version)).await
+}
+
+/// Messages a view version has consumed: its next offsets summed (the topics start at 0).
+async fn consumed(db: &TestDb, consumer: &str) -> i64 {
+    offsets(&db.client().await, consumer)
+        .await
+        .next
+        .values()
+        .sum()
+}
+
+/// `projector.views` for portfolio: (version, state, dropped).
+async fn states(db: &TestDb) -> Vec<(i32, String, bool)> {
+    db.client()
+        .await
+        .query(
+            "SELECT version, state, dropped_at IS NOT NULL FROM projector.views \
+             WHERE name = 'portfolio' ORDER BY version",
+            &[],
+        )
+        .await
+        .expect("views")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+fn state(version: i32, state: &str, dropped: bool) -> (i32, String, bool) {
+    (version, state.to_owned(), dropped)
+}
+
+/// The phase of the rebuild into portfolio v2, if one is recorded.
+async fn phase(db: &TestDb) -> Option<String> {
+    db.client()
+        .await
+        .query_opt(
+            "SELECT phase FROM projector.rebuilds WHERE consumer = 'portfolio_v2'",
+            &[],
+        )
+        .await
+        .expect("rebuilds")
+        .map(|r| r.get(0))
+}
+
+async fn table_exists(db: &TestDb, table: &str) -> bool {
+    db.client()
+        .await
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await
+        .expect("to_regclass")
+        .get(0)
+}
+
+/// Rows the engine keeps under a consumer name, per table: after a cancel or a drop, all 0.
+async fn owned(db: &TestDb, consumer: &str) -> BTreeMap<&'static str, i64> {
+    let client = db.client().await;
+    let mut out = BTreeMap::new();
+    for table in [
+        "inbox",
+        "offsets",
+        "account_progress",
+        "waiting_events",
+        "parked_accounts",
+        "dead_letters",
+        "rebuilds",
+    ] {
+        let n: i64 = client
+            .query_one(
+                &format!("SELECT count(*) FROM projector.{table} WHERE consumer = $1"),
+                &[&consumer],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        out.insert(table, n);
+    }
+    out
+}
+
+fn nothing_owned() -> BTreeMap<&'static str, i64> {
+    [
+        "inbox",
+        "offsets",
+        "account_progress",
+        "waiting_events",
+        "parked_accounts",
+        "dead_letters",
+        "rebuilds",
+    ]
+    .into_iter()
+    .map(|t| (t, 0))
+    .collect()
+}
+
+/// Polls until `done` holds for what `probe` reads; panics at the deadline. The interval is
+/// a sampling rate, not a guess at how long anything takes.
+async fn eventually<T: std::fmt::Debug, F: Future<Output = T>>(
+    what: &str,
+    mut probe: impl FnMut() -> F,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let seen = probe().await;
+        if done(&seen) {
+            return seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: last seen {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Like [`eventually`], for the tests that drive processes: panics with their logs.
+fn wait_until<T: std::fmt::Debug>(
+    what: &str,
+    processes: &mut [&mut Projector],
+    mut probe: impl FnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let seen = probe();
+        if done(&seen) {
+            return seen;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = processes.iter_mut().map(|p| p.log()).collect();
+            panic!(
+                "timed out waiting for {what}: last seen {seen:?}; logs:\n{}",
+                logs.join("\n---\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `projector <command> [view] ... --database-url URL` with the Kafka flags when `bootstrap`
+/// is given (short session timeouts, so a killed member leaves the group in seconds).
+fn cli<'a>(args: &[&'a str], url: &'a str, bootstrap: Option<&'a str>) -> Vec<&'a str> {
+    let mut out = args.to_vec();
+    out.extend(["--database-url", url]);
+    if let Some(b) = bootstrap {
+        out.extend([
+            "--brokers",
+            b,
+            "--topic",
+            TOPIC,
+            "-X",
+            "session.timeout.ms=3000",
+            "-X",
+            "heartbeat.interval.ms=300",
+        ]);
+    }
+    out
+}
+
+fn succeeded(what: &str, out: &Output) {
+    assert!(
+        out.status.success(),
+        "{what} must succeed, got {}; stdout:\n{}\nstderr:\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+}
+
+/// A refusal: exit 1, and one error line, the last on standard error, that says `needle`
+/// (a rebuild may say what it was doing before it).
+fn refused(what: &str, out: &Output, needle: &str) {
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{what} must be refused; stdout:\n{}\nstderr:\n{}",
+        out.stdout,
+        out.stderr
+    );
+    let lines = out.error_lines();
+    let errors: Vec<&&str> = lines.iter().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(
+        errors.len(),
+        1,
+        "{what}: one error line, got:\n{}",
+        out.stderr
+    );
+    assert_eq!(
+        lines.last(),
+        errors.first().copied(),
+        "{what}: the error comes last:\n{}",
+        out.stderr
+    );
+    assert!(
+        errors[0].contains(needle),
+        "{what}: expected {needle:?} in {:?}",
+        errors[0]
+    );
+}
+
+// --- 1. A live rebuild -----------------------------------------------------------------------
+
+/// The supervisor's commits, in the order they happened, by consumer name. The rebuild's
+/// own tail reports to nobody, so a `portfolio_v2` here was committed by the supervisor.
+#[derive(Default)]
+struct Commits(Mutex<Vec<String>>);
+
+impl Commits {
+    fn log(&self) -> Vec<String> {
+        self.0.lock().expect("lock").clone()
+    }
+}
+
+impl Observer for Commits {
+    fn committed(&self, consumer: &str, _partition: i32, _next_offset: i64) {
+        self.0.lock().expect("lock").push(consumer.to_owned());
+    }
+}
+
+/// What a reader of the stable name saw.
+#[derive(Default)]
+struct Reads {
+    queries: AtomicU64,
+    empty: AtomicU64,
+    errors: Mutex<Vec<String>>,
+}
+
+/// Queries the stable name `portfolio` over and over until `stop`, as dashboards would: by
+/// text, and through a statement prepared before the cutover (PostgreSQL plans it again
+/// when the name is replaced).
+async fn read_stable_name(url: String, reads: Arc<Reads>, stop: CancellationToken) {
+    let pool = projector_engine::db::pool(&url, 1).expect("pool");
+    let client = pool.get().await.expect("the reader's connection");
+    let sql = "SELECT count(*) FROM portfolio";
+    let prepared = client.prepare(sql).await.expect("prepare");
+    let mut turn = 0u64;
+    while !stop.is_cancelled() {
+        turn += 1;
+        let result = if turn % 2 == 0 {
+            client.query_one(sql, &[]).await
+        } else {
+            client.query_one(&prepared, &[]).await
+        };
+        match result {
+            Ok(row) => {
+                if row.get::<_, i64>(0) == 0 {
+                    reads.empty.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            Err(e) => {
+                let text = match e.as_db_error() {
+                    Some(db) => format!("{} ({})", db.message(), db.code().code()),
+                    None => e.to_string(),
+                };
+                reads.errors.lock().expect("lock").push(text);
+            }
+        }
+        reads.queries.fetch_add(1, Ordering::SeqCst);
+        // A pace, not a wait: a reader that never pauses would take one of the two cores.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Publishes `events` in chunks at a steady pace until `stop` (or the events run out).
+async fn stream(
+    bootstrap: String,
+    events: Vec<EventSpec>,
+    published: Arc<AtomicU64>,
+    stop: CancellationToken,
+) {
+    let mut pace = tokio::time::interval(Duration::from_millis(100));
+    for chunk in events.chunks(60) {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = pace.tick() => {}
+        }
+        publish(&bootstrap, TOPIC, chunk).await;
+        published.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+    }
+}
+
+/// (v1 consumed, v2 consumed, v2's state), sampled until `stop`.
+type Sample = (i64, i64, String);
+
+async fn sample(db: &TestDb) -> Sample {
+    let r = db
+        .client()
+        .await
+        .query_one(
+            "SELECT (SELECT coalesce(sum(next_offset), 0)::bigint FROM projector.offsets WHERE consumer = 'portfolio_v1'), \
+                    (SELECT coalesce(sum(next_offset), 0)::bigint FROM projector.offsets WHERE consumer = 'portfolio_v2'), \
+                    coalesce((SELECT state FROM projector.views WHERE name = 'portfolio' AND version = 2), 'none')",
+            &[],
+        )
+        .await
+        .expect("sample");
+    (r.get(0), r.get(1), r.get(2))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole() {
+    let broker = DevBroker::start(1, &[(TOPIC, 3)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let registry = views();
+    let db = Arc::new(TestDb::new(&registry).await);
+    let events = fills(60, 600);
+    let (backlog, rest) = events.split_at(6_000);
+    publish(&bootstrap, TOPIC, backlog).await;
+
+    // v1 is live, run by the supervisor as `projector run` runs it.
+    let commits = Arc::new(Commits::default());
+    let stop_live = CancellationToken::new();
+    let live = tokio::spawn(run_live(
+        registry.clone(),
+        db.pool().clone(),
+        config(&bootstrap, TOPIC),
+        commits.clone(),
+        stop_live.clone(),
+        LiveOptions {
+            names: vec!["portfolio".to_owned()],
+            refresh: Duration::from_millis(100),
+            owner: None,
+        },
+    ));
+    eventually(
+        "v1 to apply the backlog",
+        || consumed(&db, "portfolio_v1"),
+        |n| *n >= 6_000,
+    )
+    .await;
+
+    let reads = Arc::new(Reads::default());
+    let stop_reader = CancellationToken::new();
+    let reader = tokio::spawn(read_stable_name(
+        db.url().to_owned(),
+        reads.clone(),
+        stop_reader.clone(),
+    ));
+    let published = Arc::new(AtomicU64::new(backlog.len() as u64));
+    let stop_stream = CancellationToken::new();
+    let streamer = tokio::spawn(stream(
+        bootstrap.clone(),
+        rest.to_vec(),
+        published.clone(),
+        stop_stream.clone(),
+    ));
+    let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
+    let stop_monitor = CancellationToken::new();
+    let monitor = {
+        let (db, samples, stop) = (db.clone(), samples.clone(), stop_monitor.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let s = sample(&db).await;
+                samples.lock().expect("lock").push(s);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+
+    let mut options = earliest(Cutover::Auto);
+    // Lag is measured while 600 events a second arrive.
+    options.cutover_lag = 300;
+    // Within a budget, as on a production system: the backlog alone takes at least two
+    // seconds, long enough to see v1 commit meanwhile however fast this machine is.
+    options.max_rate = Some(3_000);
+    let outcome = tokio::time::timeout(
+        LIMIT,
+        rebuild(&db, &bootstrap, TOPIC, &options, CancellationToken::new()),
+    )
+    .await
+    .expect("the rebuild to cut over in time")
+    .expect("the rebuild");
+    let reads_before = reads.queries.load(Ordering::SeqCst);
+    let Outcome::CutOver(report) = outcome else {
+        panic!("expected a cutover, got {outcome:?}");
+    };
+    assert_eq!((report.old, report.new), (Some(1), 2));
+    let at_cutover = consumed(&db, "portfolio_v2").await;
+
+    // The supervisor follows: v1 stops, v2 starts and consumes what arrives after the cutover.
+    let commits_ref = &commits;
+    eventually(
+        "the supervisor to commit for v2",
+        || std::future::ready(commits_ref.log().iter().any(|c| c == "portfolio_v2")),
+        |started| *started,
+    )
+    .await;
+    eventually(
+        "v2 to advance past the cutover",
+        || consumed(&db, "portfolio_v2"),
+        |n| *n > at_cutover,
+    )
+    .await;
+    // Two more chunks, so that a v1 still running would have something to commit.
+    let then = published.load(Ordering::SeqCst);
+    let published_ref = &published;
+    eventually(
+        "two more chunks",
+        || std::future::ready(published_ref.load(Ordering::SeqCst)),
+        |n| *n >= then + 120,
+    )
+    .await;
+    stop_stream.cancel();
+    streamer.await.expect("the publisher");
+    let total = published.load(Ordering::SeqCst) as usize;
+    eventually(
+        "v2 to consume everything",
+        || consumed(&db, "portfolio_v2"),
+        |n| *n >= total as i64,
+    )
+    .await;
+    stop_reader.cancel();
+    reader.await.expect("the reader");
+    stop_monitor.cancel();
+    monitor.await.expect("the monitor");
+    stop_live.cancel();
+    live.await
+        .expect("the supervisor's task")
+        .expect("the supervisor stops cleanly");
+
+    // v2, and the stable name, equal the fold of everything published.
+    let expected = reference(&events[..total]).await;
+    assert_eq!(version_rows(&db, 2).await, expected);
+    let client = db.client().await;
+    assert_eq!(rows(&client, "portfolio").await, expected[0]);
+    let v2 = offsets(&client, "portfolio_v2").await;
+    assert_eq!(v2.applied, total as i64, "every event applied once by v2");
+    assert_eq!(v2.duplicates, 0);
+
+    // v1 kept committing while v2 was being built: never paused for the rebuild.
+    let samples = samples.lock().expect("lock").clone();
+    let building: Vec<&Sample> = samples
+        .iter()
+        .filter(|(_, v2, state)| state == "building" && *v2 > 0)
+        .collect();
+    let v1_during: std::collections::BTreeSet<i64> = building.iter().map(|s| s.0).collect();
+    assert!(
+        v1_during.len() >= 3,
+        "v1 must commit while v2 is built; v1 offsets seen meanwhile: {v1_during:?}"
+    );
+    let v2_during: std::collections::BTreeSet<i64> = building.iter().map(|s| s.1).collect();
+    assert!(
+        v2_during.len() >= 2,
+        "v2 was built meanwhile: {v2_during:?}"
+    );
+
+    // The supervisor stopped v1 before it started v2, and v1 missed the last events.
+    let log = commits.log();
+    let last_v1 = log.iter().rposition(|c| c == "portfolio_v1").expect("v1");
+    let first_v2 = log.iter().position(|c| c == "portfolio_v2").expect("v2");
+    assert!(
+        last_v1 < first_v2,
+        "v1 committed after the supervisor started v2"
+    );
+    assert!(consumed(&db, "portfolio_v1").await < total as i64);
+
+    // Readers of the stable name never saw it missing or empty, before or after the cutover.
+    let errors = reads.errors.lock().expect("lock").clone();
+    assert!(errors.is_empty(), "readers saw errors: {errors:?}");
+    assert_eq!(reads.empty.load(Ordering::SeqCst), 0, "readers saw no rows");
+    assert!(reads_before > 0 && reads.queries.load(Ordering::SeqCst) > reads_before);
+
+    assert_eq!(
+        states(&db).await,
+        [state(1, "retired", false), state(2, "live", false)]
+    );
+    assert_eq!(phase(&db).await.as_deref(), Some("done"));
+}
+
+// --- 2. A rebuild killed and resumed --------------------------------------------------------
+
+#[test]
+fn a_rebuild_killed_at_random_moments_and_resumed_equals_the_fold() {
+    let rt = runtime();
+    let broker = DevBroker::start(1, &[(TOPIC, 4)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = rt.block_on(TestDb::new(&views()));
+    let events = fills(100, 100);
+    let mut chunks = events.chunks(2_000);
+    let mut published: Vec<EventSpec> = Vec::new();
+    let mut stream_len = 0i64;
+    // Publishes the next chunk; false when there is none left.
+    let mut publish_next = |published: &mut Vec<EventSpec>, stream_len: &mut i64| {
+        let Some(chunk) = chunks.next() else {
+            return false;
+        };
+        // One event in twenty is delivered twice.
+        let mut stream = chunk.to_vec();
+        stream.extend(chunk.iter().step_by(20).cloned());
+        rt.block_on(publish(&bootstrap, TOPIC, &stream));
+        published.extend_from_slice(chunk);
+        *stream_len += stream.len() as i64;
+        true
+    };
+    publish_next(&mut published, &mut stream_len);
+    publish_next(&mut published, &mut stream_len);
+
+    let args = cli(
+        &[
+            "rebuild",
+            "portfolio",
+            "--to-version",
+            "2",
+            "--from",
+            "earliest",
+            "--cutover",
+            "manual",
+            "--batch-messages",
+            "200",
+        ],
+        db.url(),
+        Some(&bootstrap),
+    );
+    let v2 = || rt.block_on(consumed(&db, "portfolio_v2"));
+
+    // A kill while the log is checked (phase `seeding`): seen in PostgreSQL before and after.
+    let mut killed_seeding = false;
+    for _ in 0..5 {
+        let mut p = Projector::spawn(&args, LOG);
+        let deadline = Instant::now() + LIMIT;
+        while rt.block_on(phase(&db)).is_none() {
+            assert!(Instant::now() < deadline, "no registration:\n{}", p.log());
+        }
+        p.kill();
+        if rt.block_on(phase(&db)).as_deref() == Some("seeding") {
+            killed_seeding = true;
+            break;
+        }
+        // Too late: start again from nothing.
+        succeeded(
+            "--cancel",
+            &run_output(&cli(&["rebuild", "portfolio", "--cancel"], db.url(), None)),
+        );
+    }
+    assert!(killed_seeding, "no kill landed in the seeding phase");
+
+    let mut rng = Lcg(0x5eed_cafe);
+    for kill in 0..6 {
+        if v2() + 1_000 >= stream_len {
+            publish_next(&mut published, &mut stream_len);
+        }
+        let before = v2();
+        if before >= stream_len {
+            break; // nothing left to be killed in the middle of
+        }
+        let mut p = Projector::spawn(&args, LOG);
+        wait_until(
+            &format!("progress after restart {kill}"),
+            &mut [&mut p],
+            v2,
+            |now| *now > before,
+        );
+        // A random while longer: the kill lands anywhere in the tail.
+        std::thread::sleep(Duration::from_millis(rng.below(150) as u64));
+        p.kill();
+    }
+    while publish_next(&mut published, &mut stream_len) {}
+
+    // The last run reaches the end; an engineer cuts over while it tails, and it stops.
+    let mut last = Projector::spawn(&args, LOG);
+    wait_until("the end of the log", &mut [&mut last], v2, |n| {
+        *n >= stream_len
+    });
+    let out = run_output(&cli(
+        &["cutover", "portfolio", "--to-version", "2"],
+        db.url(),
+        None,
+    ));
+    succeeded("cutover", &out);
+    assert!(out.stdout.contains("portfolio: v2 is live; v1 is retired"));
+    let status = last.wait_exit(LIMIT);
+    assert!(
+        status.success(),
+        "the rebuild stops once cut over: {status}\n{}",
+        last.log()
+    );
+
+    assert_eq!(
+        rt.block_on(version_rows(&db, 2)),
+        rt.block_on(reference(&published))
+    );
+    let o = rt.block_on(async { offsets(&db.client().await, "portfolio_v2").await });
+    assert_eq!(o.next.values().sum::<i64>(), stream_len);
+    assert_eq!(o.applied, published.len() as i64, "each event applied once");
+    assert_eq!(o.duplicates, stream_len - published.len() as i64);
+    assert_eq!(
+        rt.block_on(states(&db)),
+        [state(1, "retired", false), state(2, "live", false)]
+    );
+    let client = rt.block_on(db.client());
+    assert_eq!(
+        rt.block_on(rows(&client, "portfolio")),
+        rt.block_on(rows(&client, "portfolio_v2"))
+    );
+}
+
+// --- 3. Edges ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_topic_cuts_over_and_the_new_version_then_reads_from_the_start() {
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let registry = views();
+    let db = TestDb::new(&registry).await;
+    rebuild_and_cut_over(&db, &bootstrap, TOPIC).await;
+    assert_eq!(version_rows(&db, 2).await, [Vec::<String>::new()]);
+    assert!(rows(&db.client().await, "portfolio").await.is_empty());
+
+    // Live now, v2 has no offsets: the events that arrive next are its first, none skipped.
+    let events = fills(3, 2);
+    publish(&bootstrap, TOPIC, &events).await;
+    let stop = CancellationToken::new();
+    let live = tokio::spawn(run_live(
+        registry,
+        db.pool().clone(),
+        config(&bootstrap, TOPIC),
+        Arc::new(Commits::default()),
+        stop.clone(),
+        LiveOptions {
+            refresh: Duration::from_millis(100),
+            ..LiveOptions::default()
+        },
+    ));
+    eventually(
+        "v2 to consume the new events",
+        || consumed(&db, "portfolio_v2"),
+        |n| *n >= 6,
+    )
+    .await;
+    stop.cancel();
+    live.await.expect("join").expect("the supervisor");
+    assert_eq!(version_rows(&db, 2).await, reference(&events).await);
+    assert_eq!(consumed(&db, "portfolio_v1").await, 0, "v1 is retired");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_of_one_event_cuts_over_with_that_event_applied() {
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = TestDb::new(&views()).await;
+    let events = fills(1, 1);
+    let partitions = publish(&bootstrap, TOPIC, &events).await;
+    rebuild_and_cut_over(&db, &bootstrap, TOPIC).await;
+    let expected = reference(&events).await;
+    assert_eq!(expected[0].len(), 1);
+    assert_eq!(version_rows(&db, 2).await, expected);
+    let o = offsets(&db.client().await, "portfolio_v2").await;
+    let (partition, _) = partitions.iter().next().expect("one partition");
+    assert_eq!(o.next.get(partition), Some(&1));
+    assert_eq!(o.applied, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_whose_every_message_is_poison_cuts_over_with_all_of_them_dead_lettered() {
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = TestDb::new(&views()).await;
+    let bad_fill = |account: i64, seq: i64| {
+        let mut e = fill(
+            account,
+            seq,
+            "2026-11-29T10:15:00Z",
+            "EURUSD",
+            "buy",
+            "1",
+            "1.1",
+            "0",
+        );
+        e.data["qty"] = serde_json::json!("lots");
+        (Some(e.key()), e.payload())
+    };
+    let messages: Vec<Raw> = vec![
+        (Some(b"1".to_vec()), b"not json at all".to_vec()),
+        (Some(b"2".to_vec()), vec![0xff, 0xfe, 0x00]),
+        (
+            Some(b"3".to_vec()),
+            br#"{"event_id":"e-3","type":"fill_executed","account_id":3}"#.to_vec(),
+        ),
+        (None, br#"{"truncated":"#.to_vec()),
+        bad_fill(4, 1),
+        bad_fill(5, 1),
+    ];
+    let landed = publish_raw(&bootstrap, TOPIC, &messages).await;
+    rebuild_and_cut_over(&db, &bootstrap, TOPIC).await;
+
+    assert_eq!(version_rows(&db, 2).await, [Vec::<String>::new()]);
+    let o = offsets(&db.client().await, "portfolio_v2").await;
+    let ends: BTreeMap<i32, i64> = ends_of(&landed)
+        .into_iter()
+        .map(|(p, e)| (p, e as i64))
+        .collect();
+    assert_eq!(o.next, ends, "every message consumed");
+    assert_eq!(o.dead_lettered, messages.len() as i64);
+    assert_eq!(o.applied, 0);
+    // Each dead letter keeps the bytes of its message, at the offset it had.
+    let mut dead: Vec<(i32, i64, Vec<u8>)> = db
+        .client()
+        .await
+        .query(
+            "SELECT partition, \"offset\", payload FROM projector.dead_letters \
+             WHERE consumer = 'portfolio_v2' ORDER BY 1, 2",
+            &[],
+        )
+        .await
+        .expect("dead letters")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let mut sent: Vec<(i32, i64, Vec<u8>)> = landed
+        .iter()
+        .zip(&messages)
+        .map(|(&(p, o), (_, payload))| (p, o, payload.clone()))
+        .collect();
+    dead.sort();
+    sent.sort();
+    assert_eq!(dead, sent);
+}
+
+// --- 4. Inbox separation ----------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_new_version_fills_although_the_old_one_has_inboxed_every_event() {
+    let broker = DevBroker::start(1, &[(TOPIC, 3)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = TestDb::new(&views()).await;
+    let events = fills(20, 30);
+    let ends = publish(&bootstrap, TOPIC, &events).await;
+
+    // v1 applies (and inboxes) every event first.
+    let progress = Arc::new(crate::support::kafka::Progress::default());
+    let stop = CancellationToken::new();
+    let v1 = tokio::spawn(run_view(
+        Arc::new(Applier::new(portfolio(1), SourceOrdering::PerAccount).expect("applier")),
+        db.pool().clone(),
+        config(&bootstrap, TOPIC),
+        progress.clone(),
+        stop.clone(),
+    ));
+    progress.wait_for_ends(&ends, LIMIT).await;
+    stop.cancel();
+    v1.await.expect("join").expect("v1");
+    let inboxed = |consumer: &'static str| {
+        let db = &db;
+        async move {
+            db.client()
+                .await
+                .query_one(
+                    "SELECT count(*) FROM projector.inbox WHERE consumer = $1",
+                    &[&consumer],
+                )
+                .await
+                .expect("inbox")
+                .get::<_, i64>(0)
+        }
+    };
+    assert_eq!(inboxed("portfolio_v1").await, events.len() as i64);
+
+    rebuild_and_cut_over(&db, &bootstrap, TOPIC).await;
+    let v2 = version_rows(&db, 2).await;
+    assert!(!v2[0].is_empty());
+    assert_eq!(v2, version_rows(&db, 1).await);
+    assert_eq!(v2, reference(&events).await);
+    assert_eq!(inboxed("portfolio_v2").await, events.len() as i64);
+    assert_eq!(inboxed("portfolio_v1").await, events.len() as i64);
+    let report = verify::verify(&db.client().await, &views(), "portfolio", (1, 2), &[])
+        .await
+        .expect("verify");
+    assert!(report.matches(), "{report:?}");
+    assert_eq!(report.rows.0, v2[0].len() as i64);
+}
+
+// --- 5. A log that no longer starts at the first event --------------------------------------
+
+#[test]
+fn a_log_that_starts_past_an_accounts_first_event_is_refused_unless_gaps_are_allowed() {
+    let rt = runtime();
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = rt.block_on(TestDb::new(&views()));
+    // Account 7's first four events are gone: its log starts at seq 5.
+    let events: Vec<EventSpec> = fills(7, 8)
+        .into_iter()
+        .filter(|e| !(e.account_id == 7 && e.seq < 5))
+        .collect();
+    rt.block_on(publish(&bootstrap, TOPIC, &events));
+    let args = ["rebuild", "portfolio", "--from", "earliest"];
+
+    let out = run_output(&cli(&args, db.url(), Some(&bootstrap)));
+    refused(
+        "a log with a late start",
+        &out,
+        "1 account(s) start past seq 1",
+    );
+    assert!(!out.stderr.contains("retention trimmed"), "{}", out.stderr);
+    // Nothing is kept of a rebuild that must not start.
+    assert_eq!(rt.block_on(states(&db)), [state(1, "live", false)]);
+    assert!(!rt.block_on(table_exists(&db, "portfolio_v2")));
+    assert_eq!(rt.block_on(owned(&db, "portfolio_v2")), nothing_owned());
+
+    let mut allowed = cli(&args, db.url(), Some(&bootstrap));
+    allowed.push("--allow-gaps");
+    let out = run_output(&allowed);
+    succeeded("--allow-gaps", &out);
+    assert!(
+        out.stdout.contains("portfolio: v2 is live; v1 is retired"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("portfolio_v2: 1 parked account(s), 0 open dead letter(s)"),
+        "{}",
+        out.stdout
+    );
+    let parked: Vec<(i64, String, i64)> = rt.block_on(async {
+        db.client()
+            .await
+            .query(
+                "SELECT account_id, reason, blocked_seq FROM projector.parked_accounts \
+                 WHERE consumer = 'portfolio_v2'",
+                &[],
+            )
+            .await
+            .expect("parked")
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    });
+    assert_eq!(parked, [(7, "gap".to_owned(), 1)]);
+    // Every other account is complete; account 7's events wait.
+    assert_eq!(
+        rt.block_on(version_rows(&db, 2)),
+        rt.block_on(reference(&events))
+    );
+    assert_eq!(
+        rt.block_on(offsets(&rt.block_on(db.client()), "portfolio_v2"))
+            .waiting,
+        4
+    );
+}
+
+#[test]
+fn a_partition_trimmed_by_retention_is_named_in_the_refusal() {
+    let rt = runtime();
+    let broker = DevBroker::start(1, &[(TOPIC, 1)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = rt.block_on(TestDb::new(&views()));
+    // The mock cluster keeps about 5 MiB a partition and drops the oldest beyond that.
+    let pad = "x".repeat(2_000);
+    let events: Vec<EventSpec> = (0..3_500)
+        .map(|i| {
+            EventSpec::new(
+                "memo",
+                1 + i % 10,
+                1 + i / 10,
+                "2026-11-29T10:15:00Z",
+                serde_json::json!({ "pad": pad }),
+            )
+        })
+        .collect();
+    rt.block_on(publish(&bootstrap, TOPIC, &events));
+    let low = projector_rebuild::log::Log::connect(&config(&bootstrap, TOPIC))
+        .expect("log")
+        .extents()
+        .expect("extents")[0]
+        .low;
+    assert!(low > 0, "the mock cluster did not trim the partition");
+
+    let out = run_output(&cli(
+        &["rebuild", "portfolio", "--from", "earliest"],
+        db.url(),
+        Some(&bootstrap),
+    ));
+    refused(
+        "a trimmed log",
+        &out,
+        &format!(
+            "retention trimmed partition(s) 0 (from offset {low}); 10 account(s) start past seq 1"
+        ),
+    );
+    assert_eq!(rt.block_on(states(&db)), [state(1, "live", false)]);
+    assert_eq!(rt.block_on(owned(&db, "portfolio_v2")), nothing_owned());
+}
+
+// --- 6. Pause, resume, cancel, retire, verify, cutover ---------------------------------------
+
+#[test]
+fn pause_stops_the_tail_resume_continues_and_cancel_leaves_nothing() {
+    let rt = runtime();
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = rt.block_on(TestDb::new(&views()));
+    let events = fills(30, 50);
+    let total = events.len() as i64;
+    rt.block_on(publish(&bootstrap, TOPIC, &events));
+    let v2 = || rt.block_on(consumed(&db, "portfolio_v2"));
+
+    // Slow on purpose, so that a backlog is left while paused.
+    let args = cli(
+        &[
+            "rebuild",
+            "portfolio",
+            "--from",
+            "earliest",
+            "--cutover",
+            "manual",
+            "--max-rate",
+            "300",
+            "--batch-messages",
+            "50",
+        ],
+        db.url(),
+        Some(&bootstrap),
+    );
+    let mut p = Projector::spawn(&args, LOG);
+    wait_until("progress", &mut [&mut p], v2, |n| *n > 0);
+
+    // One rebuild of a view at a time: another version is refused while this one runs.
+    let other = run_output(&cli(
+        &[
+            "rebuild",
+            "portfolio",
+            "--to-version",
+            "3",
+            "--from",
+            "earliest",
+        ],
+        db.url(),
+        Some(&bootstrap),
+    ));
+    refused(
+        "a second rebuild",
+        &other,
+        "a rebuild of portfolio into v2 is under way",
+    );
+
+    let out = run_output(&cli(&["rebuild", "portfolio", "--pause"], db.url(), None));
+    succeeded("--pause", &out);
+    assert!(out
+        .stdout
+        .contains("paused the rebuild of portfolio into v2"));
+    // The process says so once its tail has stopped (in-flight batches committed).
+    p.wait_for("the tail to stop", LIMIT, |l| {
+        l.contains("paused; resume with")
+    });
+    let paused_at = v2();
+    assert!(paused_at < total, "the backlog must outlast the pause");
+    // A status line measured while paused (the next one comes at least a tick later).
+    let line = p.wait_for("a status line while paused", LIMIT, |l| {
+        l.contains("PAUSED")
+    });
+    assert_eq!(v2(), paused_at, "offsets moved while paused: {line}");
+
+    let out = run_output(&cli(&["rebuild", "portfolio", "--resume"], db.url(), None));
+    succeeded("--resume", &out);
+    assert!(out
+        .stdout
+        .contains("resumed the rebuild of portfolio into v2"));
+    wait_until("progress after resuming", &mut [&mut p], v2, |n| {
+        *n > paused_at
+    });
+
+    let out = run_output(&cli(&["rebuild", "portfolio", "--cancel"], db.url(), None));
+    succeeded("--cancel", &out);
+    assert!(out
+        .stdout
+        .contains("cancelled the rebuild of portfolio into v2"));
+    let status = p.wait_exit(LIMIT);
+    assert!(status.success(), "the cancelled rebuild exits 0: {status}");
+    assert!(!rt.block_on(table_exists(&db, "portfolio_v2")));
+    assert_eq!(rt.block_on(owned(&db, "portfolio_v2")), nothing_owned());
+    assert_eq!(rt.block_on(states(&db)), [state(1, "live", false)]);
+
+    // The version number is free again, and the rebuild into it starts from nothing.
+    let out = run_output(&cli(
+        &["rebuild", "portfolio", "--from", "earliest"],
+        db.url(),
+        Some(&bootstrap),
+    ));
+    succeeded("the rebuild after a cancel", &out);
+    assert!(
+        out.stdout.contains("portfolio: v2 is live; v1 is retired"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        rt.block_on(version_rows(&db, 2)),
+        rt.block_on(reference(&events))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_leaves_nothing_for_a_rebuild_into_the_same_version_to_resume_from() {
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let registry = views();
+    let db = Arc::new(TestDb::new(&registry).await);
+    let first = fills(20, 10);
+    publish(&bootstrap, TOPIC, &first).await;
+
+    // The rebuild looks at the registry every 3 s: a cancel lands between two looks.
+    let mut options = earliest(Cutover::Manual);
+    options.tick = Duration::from_secs(3);
+    let running = {
+        let (db, bootstrap, options) = (db.clone(), bootstrap.clone(), options.clone());
+        tokio::spawn(async move {
+            rebuild(&db, &bootstrap, TOPIC, &options, CancellationToken::new()).await
+        })
+    };
+    eventually(
+        "v2 to consume the log",
+        || consumed(&db, "portfolio_v2"),
+        |n| *n >= first.len() as i64,
+    )
+    .await;
+    let version = cutover::cancel(&mut db.client().await, &registry, "portfolio")
+        .await
+        .expect("cancel");
+    assert_eq!(version, 2);
+    // Events that portfolio ignores: a batch of them writes bookkeeping only.
+    let cash_events: Vec<EventSpec> = (1..=20)
+        .map(|a| cash(a, 11, "2026-11-29T10:15:00Z", "10", "deposit"))
+        .collect();
+    publish(&bootstrap, TOPIC, &cash_events).await;
+    let outcome = tokio::time::timeout(LIMIT, running)
+        .await
+        .expect("the cancelled rebuild to stop")
+        .expect("join")
+        .expect("the cancelled rebuild");
+    assert_eq!(outcome, Outcome::Cancelled { version: 2 });
+    assert_eq!(owned(&db, "portfolio_v2").await, nothing_owned());
+
+    // A rebuild into the same number starts from nothing, not from what was cancelled.
+    let more: Vec<EventSpec> = fills(20, 13).into_iter().filter(|e| e.seq > 11).collect();
+    publish(&bootstrap, TOPIC, &more).await;
+    rebuild_and_cut_over(&db, &bootstrap, TOPIC).await;
+    let mut all = first.clone();
+    all.extend(cash_events);
+    all.extend(more);
+    assert_eq!(version_rows(&db, 2).await, reference(&all).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_old_version_right_after_a_cutover_waits_for_the_live_service_to_let_go() {
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let registry = views();
+    let db = Arc::new(TestDb::new(&registry).await);
+    let events = fills(30, 100);
+    publish(&bootstrap, TOPIC, &events).await;
+
+    // The live service applies at most 500 events a second: v1 is in the middle of its
+    // backlog, a batch in its hands, throughout.
+    let mut live_config = config(&bootstrap, TOPIC);
+    live_config.max_rate = Some(500);
+    let commits = Arc::new(Commits::default());
+    let stop_live = CancellationToken::new();
+    let live = tokio::spawn(run_live(
+        registry.clone(),
+        db.pool().clone(),
+        live_config,
+        commits.clone(),
+        stop_live.clone(),
+        LiveOptions {
+            names: vec!["portfolio".to_owned()],
+            ..LiveOptions::default()
+        },
+    ));
+    eventually("v1 to commit", || consumed(&db, "portfolio_v1"), |n| *n > 0).await;
+
+    let running = {
+        let (db, bootstrap) = (db.clone(), bootstrap.clone());
+        tokio::spawn(async move {
+            rebuild(
+                &db,
+                &bootstrap,
+                TOPIC,
+                &earliest(Cutover::Manual),
+                CancellationToken::new(),
+            )
+            .await
+        })
+    };
+    eventually(
+        "v2 to consume the log",
+        || consumed(&db, "portfolio_v2"),
+        |n| *n >= events.len() as i64,
+    )
+    .await;
+    // An engineer cuts over and drops v1 at once, before `projector run` looked again.
+    let mut client = db.client().await;
+    let report = cutover::cutover(&mut client, &registry, "portfolio", 2)
+        .await
+        .expect("cutover");
+    assert_eq!(report.old, Some(1));
+    assert!(
+        consumed(&db, "portfolio_v1").await < events.len() as i64,
+        "v1 must still be running"
+    );
+    tokio::time::timeout(
+        LIMIT,
+        cutover::retire(&mut client, &registry, "portfolio", 1, true),
+    )
+    .await
+    .expect("retire --drop to finish")
+    .expect("retire --drop");
+    let outcome = running.await.expect("join").expect("the rebuild");
+    assert_eq!(outcome, Outcome::Stopped { version: 2 });
+    let mut nothing = nothing_owned();
+    nothing.remove("rebuilds");
+    let mut left = owned(&db, "portfolio_v1").await;
+    left.remove("rebuilds");
+    assert_eq!(left, nothing);
+
+    // The live service moved on to v2.
+    let more: Vec<EventSpec> = fills(30, 102).into_iter().filter(|e| e.seq > 100).collect();
+    publish(&bootstrap, TOPIC, &more).await;
+    let total = (events.len() + more.len()) as i64;
+    eventually(
+        "the live service to consume into v2",
+        || consumed(&db, "portfolio_v2"),
+        |n| *n >= total,
+    )
+    .await;
+    assert!(commits.log().iter().any(|c| c == "portfolio_v2"));
+    stop_live.cancel();
+    tokio::time::timeout(LIMIT, live)
+        .await
+        .expect("the live service to stop")
+        .expect("join")
+        .expect("the live service stops cleanly");
+    let mut left = owned(&db, "portfolio_v1").await;
+    left.remove("rebuilds");
+    assert_eq!(left, nothing, "nothing written for v1 after it was dropped");
+    assert!(!table_exists(&db, "portfolio_v1").await);
+    let mut all = events.clone();
+    all.extend(more);
+    assert_eq!(version_rows(&db, 2).await, reference(&all).await);
+}
+
+/// About 7 MB of events portfolio ignores, for accounts 101 to 110: more than the mock
+/// cluster keeps of a partition (about 5 MiB), so it drops the oldest messages.
+fn memos() -> Vec<EventSpec> {
+    let pad = "x".repeat(2_000);
+    (0..3_500)
+        .map(|i| {
+            EventSpec::new(
+                "memo",
+                101 + i % 10,
+                1 + i / 10,
+                "2026-11-29T10:15:00Z",
+                serde_json::json!({ "pad": pad }),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_that_retention_overtook_stops_instead_of_skipping() {
+    let broker = DevBroker::start(1, &[(TOPIC, 1)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = TestDb::new(&views()).await;
+    let events = fills(10, 20);
+    publish(&bootstrap, TOPIC, &events).await;
+    let stop = CancellationToken::new();
+    let stopping = stop.clone();
+    let manual = earliest(Cutover::Manual);
+    let first = rebuild(&db, &bootstrap, TOPIC, &manual, stop);
+    let watch = async {
+        eventually(
+            "v2 to consume the log",
+            || consumed(&db, "portfolio_v2"),
+            |n| *n >= events.len() as i64,
+        )
+        .await;
+        stopping.cancel();
+    };
+    let (outcome, ()) = tokio::join!(first, watch);
+    assert_eq!(outcome.expect("rebuild"), Outcome::Stopped { version: 2 });
+
+    // While the rebuild is stopped, retention drops the log past its position (the mock
+    // cluster keeps about 5 MiB a partition).
+    publish(&bootstrap, TOPIC, &memos()).await;
+    let low = projector_rebuild::log::Log::connect(&config(&bootstrap, TOPIC))
+        .expect("log")
+        .extents()
+        .expect("extents")[0]
+        .low;
+    assert!(low > events.len() as i64, "the log was not trimmed: {low}");
+
+    let resumed = tokio::time::timeout(
+        Duration::from_secs(30),
+        rebuild(
+            &db,
+            &bootstrap,
+            TOPIC,
+            &earliest(Cutover::Manual),
+            CancellationToken::new(),
+        ),
+    )
+    .await
+    .expect("the resumed rebuild must stop at once, not tail past the hole");
+    let error = resumed.expect_err("a rebuild that lost messages must not go on");
+    let text = error.to_string();
+    assert!(
+        text.contains(&format!(
+            "partition 0 at offset {}, the log now starts at {low}",
+            events.len()
+        )),
+        "{text}"
+    );
+    assert_eq!(consumed(&db, "portfolio_v2").await, events.len() as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_rebuild_that_retention_overtakes_stops_instead_of_skipping() {
+    let broker = DevBroker::start(1, &[(TOPIC, 1)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = Arc::new(TestDb::new(&views()).await);
+    let events = fills(10, 20);
+    publish(&bootstrap, TOPIC, &events).await;
+    // Slower than retention: 100 messages a second.
+    let mut options = earliest(Cutover::Manual);
+    options.max_rate = Some(100);
+    options.batch_messages = 20;
+    let running = {
+        let (db, bootstrap) = (db.clone(), bootstrap.clone());
+        tokio::spawn(async move {
+            rebuild(&db, &bootstrap, TOPIC, &options, CancellationToken::new()).await
+        })
+    };
+    eventually(
+        "the rebuild to be under way",
+        || consumed(&db, "portfolio_v2"),
+        |n| *n > 0,
+    )
+    .await;
+    publish(&bootstrap, TOPIC, &memos()).await;
+
+    let outcome = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the overtaken rebuild must stop, not tail past the hole")
+        .expect("join");
+    let error = outcome.expect_err("a rebuild that lost messages must not go on");
+    assert!(
+        error.to_string().contains("partition 0 at offset "),
+        "{error}"
+    );
+    // Nothing past the hole was applied: the rebuild never moved beyond what it had read.
+    let at = consumed(&db, "portfolio_v2").await;
+    assert!(at <= events.len() as i64, "consumed past the hole: {at}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_service_holding_its_running_locks_still_serves_from_a_pool_of_one() {
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let registry = views();
+    let db = TestDb::new(&registry).await;
+    let events = fills(5, 4);
+    publish(&bootstrap, TOPIC, &events).await;
+    // `projector run --pool-size 1`: the session holding the locks is not one of the pool's.
+    let pool = projector_engine::db::pool(db.url(), 1).expect("pool");
+    let stop = CancellationToken::new();
+    let live = tokio::spawn(run_live(
+        registry,
+        pool,
+        config(&bootstrap, TOPIC),
+        Arc::new(Commits::default()),
+        stop.clone(),
+        LiveOptions {
+            names: vec!["portfolio".to_owned()],
+            refresh: Duration::from_millis(100),
+            owner: None,
+        },
+    ));
+    eventually(
+        "v1 to consume the log",
+        || consumed(&db, "portfolio_v1"),
+        |n| *n >= events.len() as i64,
+    )
+    .await;
+    stop.cancel();
+    live.await.expect("join").expect("the live service");
+    assert_eq!(version_rows(&db, 1).await, reference(&events).await);
+}
+
+#[test]
+fn verify_compares_retire_drops_and_refusals_are_one_line() {
+    let rt = runtime();
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = rt.block_on(TestDb::new(&views()));
+    let events = fills(10, 20);
+    let ends = rt.block_on(publish(&bootstrap, TOPIC, &events));
+    // v1 is live and consumes everything.
+    rt.block_on(async {
+        let progress = Arc::new(crate::support::kafka::Progress::default());
+        let stop = CancellationToken::new();
+        let v1 = tokio::spawn(run_view(
+            Arc::new(Applier::new(portfolio(1), SourceOrdering::PerAccount).expect("applier")),
+            db.pool().clone(),
+            config(&bootstrap, TOPIC),
+            progress.clone(),
+            stop.clone(),
+        ));
+        progress.wait_for_ends(&ends, LIMIT).await;
+        stop.cancel();
+        v1.await.expect("join").expect("v1");
+    });
+    let out = run_output(&cli(
+        &["rebuild", "portfolio", "--from", "earliest"],
+        db.url(),
+        Some(&bootstrap),
+    ));
+    succeeded("the rebuild", &out);
+
+    let verify_args = cli(
+        &["verify", "portfolio", "--versions", "1,2"],
+        db.url(),
+        None,
+    );
+    let out = run_output(&verify_args);
+    succeeded("verify of equal versions", &out);
+    assert!(out.stdout.contains("the versions match"), "{}", out.stdout);
+
+    // A row changed by hand is found, and shown from both sides.
+    rt.block_on(async {
+        db.client()
+            .await
+            .execute(
+                "UPDATE portfolio_v2 SET net_qty = net_qty + 1 WHERE account_id = 3",
+                &[],
+            )
+            .await
+            .expect("update")
+    });
+    let out = run_output(&verify_args);
+    refused("verify of different versions", &out, "the versions differ");
+    assert!(
+        out.stdout.contains("1 row(s) only in v1, 1 only in v2"),
+        "{}",
+        out.stdout
+    );
+    let shown = |side: &str| {
+        out.stdout
+            .lines()
+            .filter(|l| l.trim_start().starts_with(&format!("only in {side}: (3,")))
+            .count()
+    };
+    assert_eq!((shown("v1"), shown("v2")), (1, 1), "{}", out.stdout);
+    // Compared on columns the change did not touch, they match.
+    let mut on_keys = verify_args.clone();
+    on_keys.extend(["--columns", "account_id,symbol,version"]);
+    succeeded("verify on other columns", &run_output(&on_keys));
+
+    refused(
+        "retiring the live version",
+        &run_output(&cli(
+            &["retire", "portfolio", "--version", "2"],
+            db.url(),
+            None,
+        )),
+        "portfolio v2 is live; cut over to another version first",
+    );
+
+    let out = run_output(&cli(
+        &["retire", "portfolio", "--version", "1", "--drop"],
+        db.url(),
+        None,
+    ));
+    succeeded("retire --drop", &out);
+    assert!(!rt.block_on(table_exists(&db, "portfolio_v1")));
+    let mut dropped = nothing_owned();
+    dropped.remove("rebuilds");
+    let mut left = rt.block_on(owned(&db, "portfolio_v1"));
+    left.remove("rebuilds");
+    assert_eq!(left, dropped);
+    assert_eq!(
+        rt.block_on(states(&db)),
+        [state(1, "retired", true), state(2, "live", false)]
+    );
+    // A later migrate does not bring the dropped version back.
+    succeeded("migrate", &run_output(&cli(&["migrate"], db.url(), None)));
+    assert!(!rt.block_on(table_exists(&db, "portfolio_v1")));
+    assert_eq!(
+        rt.block_on(states(&db)),
+        [state(1, "retired", true), state(2, "live", false)]
+    );
+
+    refused(
+        "a cutover to a retired version",
+        &run_output(&cli(
+            &["cutover", "portfolio", "--to-version", "1"],
+            db.url(),
+            None,
+        )),
+        "portfolio v1 is retired",
+    );
+    // Readers still read v2 through the stable name.
+    let client = rt.block_on(db.client());
+    assert_eq!(
+        rt.block_on(rows(&client, "portfolio")),
+        rt.block_on(rows(&client, "portfolio_v2"))
+    );
+}
+
+// --- 7. Budget ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_rate_bounds_what_the_rebuild_consumes() {
+    let broker = DevBroker::start(1, &[(TOPIC, 3)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = Arc::new(TestDb::new(&views()).await);
+    publish(&bootstrap, TOPIC, &fills(50, 60)).await;
+    const RATE: i64 = 400;
+    const BATCH: i64 = 50;
+    let mut options = earliest(Cutover::Manual);
+    options.max_rate = Some(RATE as u32);
+    options.batch_messages = BATCH as usize;
+
+    let stop = CancellationToken::new();
+    // Everything the limiter lets through happens after this instant.
+    let started = Instant::now();
+    let running = {
+        let (db, bootstrap, stop) = (db.clone(), bootstrap.clone(), stop.clone());
+        tokio::spawn(async move { rebuild(&db, &bootstrap, TOPIC, &options, stop).await })
+    };
+    // Sample the work done as it grows: each sample must be within the budget of the time
+    // that had passed when it was read (an upper bound on the limiter's running time).
+    let mut seen = 0;
+    let mut samples = 0;
+    while seen < 1_200 {
+        let now = consumed(&db, "portfolio_v2").await;
+        // Rounded up: as_millis truncates.
+        let elapsed_ms = i64::try_from(started.elapsed().as_millis()).expect("ms") + 1;
+        assert!(
+            now * 1_000 <= RATE * elapsed_ms + BATCH * 1_000,
+            "{now} messages consumed in {elapsed_ms} ms at {RATE}/s (batches of {BATCH})"
+        );
+        if now > seen {
+            samples += 1;
+        }
+        seen = now;
+        assert!(started.elapsed() < LIMIT, "no progress: {seen}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(samples >= 3, "too few samples to say anything");
+    stop.cancel();
+    let outcome = running.await.expect("join").expect("rebuild");
+    assert_eq!(outcome, Outcome::Stopped { version: 2 });
+}
