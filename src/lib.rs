@@ -28,6 +28,12 @@
 //! - [`bench`]: `projector bench`, the flags and output of the benchmark.
 //! - [`rebuild`]: `projector rebuild`, `verify`, `cutover` and `retire`: a view rebuilt into a
 //!   new version while live.
+//! - [`status`]: `projector status`, every view version's state, lag and problems; exits 1
+//!   when unhealthy.
+//! - [`inbox`]: `projector inbox prune`, inbox retention in batches.
+//! - [`reconcile`]: `projector reconcile`, the write side against a view per time window.
+//! - [`serve`]: `run`'s endpoint: `/metrics`, `/health`, `/status`.
+//! - [`logging`]: text or JSON logs, with every known secret scrubbed.
 
 use std::process::ExitCode;
 
@@ -38,10 +44,15 @@ pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod dev_broker;
+pub mod inbox;
+pub mod logging;
 pub mod migrate;
 pub mod publish;
 pub mod rebuild;
+pub mod reconcile;
 pub mod run;
+pub mod serve;
+pub mod status;
 pub mod views;
 
 /// Exactly-once CQRS projections from Kafka into PostgreSQL.
@@ -52,6 +63,10 @@ struct Cli {
     /// [default: postgres://postgres@127.0.0.1:5432/projector]
     #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
+
+    /// Log lines as human-readable text or as JSON objects (stderr; `PROJECTOR_LOG` filters).
+    #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Text)]
+    log_format: logging::LogFormat,
 
     #[command(subcommand)]
     command: Command,
@@ -82,6 +97,15 @@ enum Command {
     Cutover(rebuild::CutoverArgs),
     /// Retire a version of a view that is not live, and optionally drop it.
     Retire(rebuild::RetireArgs),
+    /// Show every view version's state, lag, throughput, duplicates, dead letters, parked
+    /// accounts and the inbox; exits 1 when unhealthy.
+    Status(status::Args),
+    /// Inbox housekeeping.
+    #[command(subcommand)]
+    Inbox(inbox::Command),
+    /// Compare the write side's counts and sums with a view's per time window; exits 1
+    /// naming the windows that differ beyond the threshold.
+    Reconcile(reconcile::Args),
 }
 
 /// Runs the command line of the process's arguments with the views `registry` builds, and
@@ -107,16 +131,10 @@ pub fn main(registry: impl FnOnce() -> Result<Registry, ViewError>) -> ExitCode 
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PROJECTOR_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        // A program that embeds the command line may have set a subscriber of its own.
-        .try_init()
-        .ok();
+    if let Some(url) = &cli.database_url {
+        logging::redact_url(url);
+    }
+    logging::init(cli.log_format);
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -152,12 +170,27 @@ pub fn main(registry: impl FnOnce() -> Result<Registry, ViewError>) -> ExitCode 
             }
             Command::Cutover(args) => rebuild::run_cutover(&url(), &registry()?, args).await,
             Command::Retire(args) => rebuild::run_retire(&url(), &registry()?, args).await,
+            Command::Status(args) => {
+                if status::run(args, cli.database_url.clone()).await? {
+                    Ok(())
+                } else {
+                    Err(anyhow::anyhow!("unhealthy: a problem pages (see above)"))
+                }
+            }
+            Command::Inbox(command) => inbox::run(command, cli.database_url.clone()).await,
+            Command::Reconcile(args) => {
+                if reconcile::run(args, &url(), &registry()?).await? {
+                    Ok(())
+                } else {
+                    Err(anyhow::anyhow!("the view differs from the source"))
+                }
+            }
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", logging::scrub(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }
