@@ -352,7 +352,8 @@ mod tests {
         assert_eq!(parse_threshold("0").expect("zero"), "0");
         assert!(parse_threshold("-0.1").is_err());
         assert!(parse_threshold("150%").is_err());
-        assert!(parse_threshold("1e-3").is_err());
+        assert!(parse_threshold("a tenth").is_err());
+        assert!(parse_threshold("").is_err());
     }
 
     #[test]

@@ -98,8 +98,8 @@ pub struct KafkaStatus {
 #[derive(Debug, Clone, Serialize)]
 pub struct InboxStatus {
     /// PostgreSQL's estimate of its rows (`pg_class.reltuples`, exact right after an
-    /// `ANALYZE`); `None` before the table was ever analyzed. Counting exactly would read
-    /// the whole table.
+    /// `ANALYZE`); counted exactly while the table was never analyzed and is under 10 MiB;
+    /// `None` for a larger table never analyzed. Counting a large table would read all of it.
     pub rows_estimate: Option<i64>,
     /// Table and index size on disk.
     pub bytes: i64,
@@ -803,7 +803,9 @@ async fn read_db(pool: &Pool, topic: &str, options: &StatusOptions) -> Result<Db
     }
     let r = tx
         .query_one(
-            "SELECT CASE WHEN c.reltuples < 0 THEN NULL ELSE c.reltuples::bigint END, \
+            "SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint \
+                         WHEN pg_relation_size(c.oid) < 10485760 \
+                         THEN (SELECT count(*) FROM projector.inbox) END, \
                     pg_total_relation_size(c.oid), \
                     (SELECT min(applied_at) FROM projector.inbox) \
              FROM pg_class c WHERE c.oid = 'projector.inbox'::regclass",
