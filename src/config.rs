@@ -24,6 +24,20 @@ pub struct File {
     pub kafka: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     pub batch: BatchFile,
+    /// Where `run` serves `/metrics` and `/health` (`"off"`: nowhere).
+    pub metrics_addr: Option<String>,
+    /// The health rule's `stall_after`, as `"2m"`.
+    pub stall_after: Option<String>,
+    #[serde(default)]
+    pub inbox: InboxFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InboxFile {
+    /// The shortest window `projector inbox prune` accepts, as `"7d"`: the broker's retention
+    /// plus the time a dead letter may wait for its replay.
+    pub min_window: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -38,7 +52,7 @@ impl File {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        toml::from_str(&text).map_err(|e| {
+        let file: Self = toml::from_str(&text).map_err(|e| {
             let line = e
                 .span()
                 .map(|s| text[..s.start.min(text.len())].lines().count().max(1))
@@ -48,8 +62,85 @@ impl File {
                 path.display(),
                 e.message().trim()
             )
-        })
+        })?;
+        // A file may hold secrets the command line never saw: keep them out of the logs.
+        if let Some(url) = &file.database_url {
+            crate::logging::redact_url(url);
+        }
+        crate::logging::redact_properties(&file.kafka);
+        Ok(file)
     }
+
+    /// The file named by `--config`, or an empty one.
+    pub fn load_opt(path: Option<&Path>) -> anyhow::Result<Self> {
+        match path {
+            Some(path) => Self::load(path),
+            None => Ok(Self::default()),
+        }
+    }
+}
+
+/// A duration flag: `7d`, `2m`, `500ms`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("expected a duration such as 7d, 5m or 500ms, got {s:?}: {e}"))
+}
+
+/// Where to serve metrics: `host:port`, or `off`.
+pub fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    if s.trim().eq_ignore_ascii_case("off") {
+        return Ok(MetricsAddr::Off);
+    }
+    s.trim()
+        .parse::<std::net::SocketAddr>()
+        .map(MetricsAddr::At)
+        .map_err(|_| format!("expected host:port (such as 127.0.0.1:9187) or off, got {s:?}"))
+}
+
+/// `--metrics-addr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsAddr {
+    /// Serve `/metrics` and `/health` here.
+    At(std::net::SocketAddr),
+    /// Serve nothing.
+    Off,
+}
+
+/// Loopback: the endpoint is for the host's scraper (or a sidecar); exposing it further is a
+/// decision (`--metrics-addr 0.0.0.0:9187`).
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9187";
+
+/// The default `stall_after` of the health rule.
+pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(120);
+
+/// The Kafka side every command that reads the topic shares: flags first, then the
+/// environment (through clap), then the file.
+pub fn kafka_config(
+    brokers: Option<String>,
+    topic: Option<String>,
+    group_prefix: Option<String>,
+    properties: Vec<(String, String)>,
+    file: &File,
+) -> anyhow::Result<projector_engine::kafka::source::KafkaConfig> {
+    let Some(brokers) = brokers.or(file.brokers.clone()) else {
+        bail!("no Kafka brokers: pass --brokers, set KAFKA_BROKERS, or put brokers = \"host:9092\" in --config");
+    };
+    let Some(topic) = topic.or(file.topic.clone()) else {
+        bail!("no topic: pass --topic, set PROJECTOR_TOPIC, or put topic = \"events\" in --config");
+    };
+    let mut kafka = projector_engine::kafka::source::KafkaConfig::new(brokers, topic);
+    if let Some(prefix) = group_prefix.or(file.group_prefix.clone()) {
+        kafka.group_prefix = prefix;
+    }
+    crate::logging::redact_properties(properties.iter().map(|(k, v)| (k, v)));
+    // File properties first, flags after them: librdkafka keeps the last value set.
+    kafka.properties = file
+        .kafka
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .chain(properties)
+        .collect();
+    Ok(kafka)
 }
 
 /// `key=value`, for `-X`.
@@ -98,6 +189,17 @@ pub struct RunArgs {
     /// Do not apply migrations at start.
     #[arg(long)]
     pub no_migrate: bool,
+    /// Serve Prometheus metrics at /metrics and the health check at /health here;
+    /// `off` to serve nothing. [default: 127.0.0.1:9187]
+    #[arg(long, value_parser = parse_metrics_addr)]
+    pub metrics_addr: Option<MetricsAddr>,
+    /// Health: a live view's partition that has not committed for this long while its
+    /// oldest waiting message is at least this old is stalled (unhealthy). [default: 2m]
+    #[arg(long, value_parser = parse_duration)]
+    pub stall_after: Option<Duration>,
+    /// How often the process takes its status snapshot (lag gauges, health).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub monitor_interval: Duration,
 }
 
 /// Everything `run` needs, resolved.
@@ -107,28 +209,23 @@ pub struct Resolved {
     pub views: Vec<String>,
     pub database_url: String,
     pub pool_size: usize,
+    pub metrics_addr: MetricsAddr,
+    pub stall_after: Duration,
+    pub monitor_interval: Duration,
 }
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/projector";
 
 pub fn resolve(args: RunArgs, database_url: Option<String>) -> anyhow::Result<Resolved> {
-    let file = match &args.config {
-        Some(path) => File::load(path)?,
-        None => File::default(),
-    };
-    let Some(brokers) = args.brokers.or(file.brokers) else {
-        bail!("no Kafka brokers: pass --brokers, set KAFKA_BROKERS, or put brokers = \"host:9092\" in --config");
-    };
-    let Some(topic) = args.topic.or(file.topic) else {
-        bail!("no topic: pass --topic, set PROJECTOR_TOPIC, or put topic = \"events\" in --config");
-    };
-    let mut kafka = projector_engine::kafka::source::KafkaConfig::new(brokers, topic);
-    if let Some(prefix) = args.group_prefix.or(file.group_prefix) {
-        kafka.group_prefix = prefix;
-    }
-    kafka.instance_id = args.instance_id.or(file.instance_id);
-    // File properties first, flags after them: librdkafka keeps the last value set.
-    kafka.properties = file.kafka.into_iter().chain(args.properties).collect();
+    let file = File::load_opt(args.config.as_deref())?;
+    let mut kafka = kafka_config(
+        args.brokers,
+        args.topic,
+        args.group_prefix,
+        args.properties,
+        &file,
+    )?;
+    kafka.instance_id = args.instance_id.or(file.instance_id.clone());
     if let Some(n) = args.max_batch_messages.or(file.batch.max_messages) {
         if n == 0 {
             bail!("--max-batch-messages must be at least 1");
@@ -145,10 +242,21 @@ pub fn resolve(args: RunArgs, database_url: Option<String>) -> anyhow::Result<Re
     if pool_size == 0 {
         bail!("--pool-size must be at least 1");
     }
+    let metrics_addr = match (args.metrics_addr, &file.metrics_addr) {
+        (Some(a), _) => a,
+        (None, Some(text)) => {
+            parse_metrics_addr(text).map_err(|e| anyhow!("config file: metrics_addr: {e}"))?
+        }
+        (None, None) => parse_metrics_addr(DEFAULT_METRICS_ADDR).map_err(|e| anyhow!(e))?,
+    };
+    let stall_after = stall_after(args.stall_after, &file)?;
+    if args.monitor_interval.is_zero() {
+        bail!("--monitor-interval must be longer than 0");
+    }
     Ok(Resolved {
         kafka,
         views: if args.views.is_empty() {
-            file.views.unwrap_or_default()
+            file.views.clone().unwrap_or_default()
         } else {
             args.views
         },
@@ -156,7 +264,25 @@ pub fn resolve(args: RunArgs, database_url: Option<String>) -> anyhow::Result<Re
             .or(file.database_url)
             .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
         pool_size,
+        metrics_addr,
+        stall_after,
+        monitor_interval: args.monitor_interval,
     })
+}
+
+/// The health rule's `stall_after`: the flag, else the file, else the default.
+pub fn stall_after(flag: Option<Duration>, file: &File) -> anyhow::Result<Duration> {
+    let d = match (flag, &file.stall_after) {
+        (Some(d), _) => d,
+        (None, Some(text)) => {
+            parse_duration(text).map_err(|e| anyhow!("config file: stall_after: {e}"))?
+        }
+        (None, None) => DEFAULT_STALL_AFTER,
+    };
+    if d.is_zero() {
+        bail!("--stall-after must be longer than 0");
+    }
+    Ok(d)
 }
 
 #[cfg(test)]

@@ -32,6 +32,12 @@
 //!   new version while live.
 //! - [`simulate`]: `projector simulate`, a write side producing events to Kafka: idempotent
 //!   intake, an outbox relay that crashes on purpose, hot accounts.
+//! - [`status`]: `projector status`, every view version's state, lag and problems; exits 1
+//!   when unhealthy.
+//! - [`inbox`]: `projector inbox prune`, inbox retention in batches.
+//! - [`reconcile`]: `projector reconcile`, the write side against a view per time window.
+//! - [`serve`]: `run`'s endpoint: `/metrics`, `/health`, `/status`.
+//! - [`logging`]: text or JSON logs, with every known secret scrubbed.
 
 use std::process::ExitCode;
 
@@ -43,11 +49,16 @@ pub mod config;
 pub mod demo;
 pub mod dev_broker;
 pub mod dlq;
+pub mod inbox;
+pub mod logging;
 pub mod migrate;
 pub mod publish;
 pub mod rebuild;
+pub mod reconcile;
 pub mod run;
+pub mod serve;
 pub mod simulate;
+pub mod status;
 pub mod views;
 
 /// Exactly-once CQRS projections from Kafka into PostgreSQL.
@@ -58,6 +69,10 @@ struct Cli {
     /// [default: postgres://postgres@127.0.0.1:5432/projector]
     #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
+
+    /// Log lines as human-readable text or as JSON objects (stderr; `PROJECTOR_LOG` filters).
+    #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Text)]
+    log_format: logging::LogFormat,
 
     #[command(subcommand)]
     command: Command,
@@ -97,6 +112,15 @@ enum Command {
     /// Run a write side that produces events to Kafka: clients with idempotency keys, one
     /// transaction per event with an outbox row, a relay that crashes on purpose.
     Simulate(simulate::Args),
+    /// Show every view version's state, lag, throughput, duplicates, dead letters, parked
+    /// accounts and the inbox; exits 1 when unhealthy.
+    Status(status::Args),
+    /// Inbox housekeeping.
+    #[command(subcommand)]
+    Inbox(inbox::Command),
+    /// Compare the write side's counts and sums with a view's per time window; exits 1
+    /// naming the windows that differ beyond the threshold.
+    Reconcile(reconcile::Args),
 }
 
 /// Runs the command line of the process's arguments with the views `registry` builds, and
@@ -122,16 +146,10 @@ pub fn main(registry: impl FnOnce() -> Result<Registry, ViewError>) -> ExitCode 
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PROJECTOR_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        // A program that embeds the command line may have set a subscriber of its own.
-        .try_init()
-        .ok();
+    if let Some(url) = &cli.database_url {
+        logging::redact_url(url);
+    }
+    logging::init(cli.log_format);
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -170,12 +188,27 @@ pub fn main(registry: impl FnOnce() -> Result<Registry, ViewError>) -> ExitCode 
             Command::Dlq(command) => dlq::run_dlq(&url(), &registry()?, command).await,
             Command::Parked(command) => dlq::run_parked(&url(), &registry()?, command).await,
             Command::Simulate(args) => simulate::run(args, &url()).await,
+            Command::Status(args) => {
+                if status::run(args, cli.database_url.clone()).await? {
+                    Ok(())
+                } else {
+                    Err(anyhow::anyhow!("unhealthy: a problem pages (see above)"))
+                }
+            }
+            Command::Inbox(command) => inbox::run(command, cli.database_url.clone()).await,
+            Command::Reconcile(args) => {
+                if reconcile::run(args, &url(), &registry()?).await? {
+                    Ok(())
+                } else {
+                    Err(anyhow::anyhow!("the view differs from the source"))
+                }
+            }
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", logging::scrub(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

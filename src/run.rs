@@ -9,7 +9,7 @@ use projector_engine::kafka::supervisor::{run_live, LiveOptions};
 use projector_engine::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{resolve, RunArgs};
+use crate::config::{resolve, MetricsAddr, RunArgs};
 
 /// Consumes the topic into the views of `registry` that the configuration selects, until
 /// SIGINT or SIGTERM.
@@ -24,6 +24,17 @@ pub async fn run(
     let no_migrate = args.no_migrate;
     let config = resolve(args, database_url)?;
     let views = registry.select(&config.views)?;
+    // Before any view starts: the engine's counters register with the recorder installed
+    // here, and a port already taken stops the process before it consumes anything.
+    let endpoint = match config.metrics_addr {
+        MetricsAddr::At(addr) => {
+            let listener = crate::serve::bind(addr).await?;
+            let ttl = (config.monitor_interval * 3).max(std::time::Duration::from_secs(60));
+            let handle = crate::serve::install_recorder(ttl)?;
+            Some((listener, handle))
+        }
+        MetricsAddr::Off => None,
+    };
     let pool = projector_engine::db::pool(&config.database_url, config.pool_size)?;
     if !no_migrate {
         let mut client = pool
@@ -40,6 +51,12 @@ pub async fn run(
         .into_iter()
         .collect();
     tracing::info!(views = ?names, topic = %config.kafka.topic, "starting");
+    let monitoring = match endpoint {
+        Some((listener, handle)) => {
+            Some(start_monitoring(listener, handle, &config, &names, shutdown.clone()).await?)
+        }
+        None => None,
+    };
     let options = LiveOptions {
         names,
         owner: config.kafka.instance_id.clone(),
@@ -57,6 +74,13 @@ pub async fn run(
     )
     .await;
     signals.abort();
+    if let Some(tasks) = monitoring {
+        // run_live returned: its views stopped, so the endpoint goes too.
+        tasks.stop.cancel();
+        for t in tasks.handles {
+            let _ = t.await;
+        }
+    }
     match result {
         Ok(()) => {
             eprintln!("projector: stopped; in-flight batches committed or rolled back");
@@ -89,4 +113,63 @@ pub async fn wait_for_signal(shutdown: CancellationToken) {
     }
     tracing::info!("signal received; finishing in-flight batches");
     shutdown.cancel();
+}
+
+/// The monitor and the endpoint of a running process.
+struct Monitoring {
+    stop: CancellationToken,
+    handles: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts the periodic status snapshot (gauges, health) and serves `/metrics`, `/health`
+/// and `/status`.
+async fn start_monitoring(
+    listener: tokio::net::TcpListener,
+    handle: metrics_exporter_prometheus::PrometheusHandle,
+    config: &crate::config::Resolved,
+    names: &[String],
+    shutdown: CancellationToken,
+) -> anyhow::Result<Monitoring> {
+    use projector_engine::ops::monitor::{run_monitor, Assessment, MonitorOptions};
+    use projector_engine::ops::{HealthRule, StatusOptions, TopicProbe};
+    let stop = shutdown.child_token();
+    let addr = listener
+        .local_addr()
+        .context("the metrics endpoint's address")?;
+    // Its own pool: a busy apply path never delays the health check.
+    let pool = projector_engine::db::pool(&config.database_url, 2)?;
+    let probe = Arc::new(TopicProbe::connect(
+        &config.kafka,
+        std::time::Duration::from_secs(5),
+    )?);
+    let options = MonitorOptions {
+        status: StatusOptions {
+            names: names.to_vec(),
+            rule: HealthRule {
+                stall_after: config.stall_after,
+            },
+            parked_limit: 10,
+            sample: None,
+        },
+        interval: config.monitor_interval,
+        timeout: std::time::Duration::from_secs(30).max(config.monitor_interval),
+    };
+    let max_age = options.interval * 3 + options.timeout;
+    let (tx, rx) = tokio::sync::watch::channel(Assessment::pending());
+    let monitor = tokio::spawn(run_monitor(pool, probe, options, stop.clone(), tx));
+    let server = tokio::spawn(crate::serve::serve(
+        listener,
+        crate::serve::Endpoint {
+            metrics: handle,
+            health: rx,
+            max_age,
+        },
+        stop.clone(),
+    ));
+    tracing::info!(%addr, "serving /metrics, /health and /status");
+    eprintln!("projector: metrics on http://{addr}/metrics, health on http://{addr}/health");
+    Ok(Monitoring {
+        stop,
+        handles: vec![monitor, server],
+    })
 }

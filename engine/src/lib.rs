@@ -15,6 +15,7 @@
 //! - [`db`]: connection pools that never hand out a connection left inside a transaction.
 //! - [`kafka`]: the Kafka source; the producer and a dev broker are in `projector-devkit`.
 //! - [`schema`]: the engine's migrations and view installation (`projector migrate`).
+//! - [`ops`]: status, the health rule, gauges, inbox retention, reconciliation.
 //! - `metrics` (private): counters through the `metrics` facade.
 //! - `testkit` (feature `testkit`): a database per test, and the conformance suite every
 //!   projection must pass.
@@ -24,6 +25,7 @@ pub mod db;
 pub mod event;
 pub mod kafka;
 mod metrics;
+pub mod ops;
 pub mod projection;
 pub mod queries;
 pub mod schema;

@@ -134,6 +134,9 @@ fn run_args<'a>(bootstrap: &'a str, url: &'a str) -> Vec<&'a str> {
         "session.timeout.ms=3000",
         "-X",
         "heartbeat.interval.ms=300",
+        // Two processes on one host: each serves /metrics on a port of its own.
+        "--metrics-addr",
+        "127.0.0.1:0",
     ]
 }
 

@@ -1,7 +1,6 @@
 //! The integration tests, in one binary so that CI links once: against real PostgreSQL (a
 //! database per test) and, for the Kafka tests, librdkafka's mock cluster.
 
-mod support;
 mod bench_smoke;
 mod cli;
 mod engine_arbitrary;
@@ -21,9 +20,15 @@ mod kafka_partitioner;
 mod kafka_process;
 mod kafka_publish;
 mod kafka_source;
+mod ops_logs;
+mod ops_metrics;
+mod ops_prune;
+mod ops_reconcile;
 mod ops_repairs;
+mod ops_status;
 mod rebuild;
 mod rebuild_notices;
+mod support;
 mod views_conformance;
 mod views_golden;
 mod writeside;

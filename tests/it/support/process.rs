@@ -90,6 +90,12 @@ impl Projector {
         new
     }
 
+    /// Everything the process wrote to stderr so far.
+    pub fn log_all(&mut self) -> String {
+        self.drain();
+        self.seen.join("\n")
+    }
+
     fn tail(&self) -> String {
         let from = self.seen.len().saturating_sub(30);
         self.seen[from..].join("\n")

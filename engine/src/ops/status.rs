@@ -1,0 +1,876 @@
+//! A snapshot of every view version's state, lag and problems: what `projector status`
+//! prints and what `projector run`'s gauges and health endpoint publish.
+//!
+//! The view's position is the `next_offset` stored in PostgreSQL (the only position the
+//! engine trusts), the log's end is the brokers' high watermark, and the lag in seconds is
+//! the age of the oldest message not consumed yet (the one at `next_offset`), read by a
+//! groupless client. None of it depends on the offsets the source also commits to Kafka.
+//!
+//! Serialized as the stable JSON of `projector status --json`, documented field by field in
+//! `docs/operations.md`. Fields are added, never renamed or removed, without raising
+//! [`SCHEMA`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::Pool;
+use serde::Serialize;
+
+use super::error::{pg, OpsError};
+use super::health::{healthy, HealthRule, Problem, ProblemKind, Severity};
+use super::topic::{Extent, TopicProbe};
+
+/// The version of the JSON layout.
+pub const SCHEMA: u32 = 1;
+
+/// What a snapshot covers and how it judges.
+#[derive(Debug, Clone)]
+pub struct StatusOptions {
+    /// View names to show (empty: every registered view).
+    pub names: Vec<String>,
+    /// The health rule.
+    pub rule: HealthRule,
+    /// Parked accounts listed per version, oldest first.
+    pub parked_limit: i64,
+    /// Measure throughput over this long (two reads of the counters); `None`: do not.
+    pub sample: Option<Duration>,
+}
+
+impl Default for StatusOptions {
+    fn default() -> Self {
+        Self {
+            names: Vec::new(),
+            rule: HealthRule::default(),
+            parked_limit: 10,
+            sample: None,
+        }
+    }
+}
+
+/// The whole picture.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// [`SCHEMA`].
+    pub schema: u32,
+    /// PostgreSQL's time when the snapshot was taken; every age is measured from it.
+    pub taken_at: DateTime<Utc>,
+    /// False when any problem has severity `page`.
+    pub healthy: bool,
+    /// The health rule's `stall_after`, in seconds.
+    pub stall_after_seconds: u64,
+    /// Everything wrong, pages first.
+    pub problems: Vec<Problem>,
+    /// Whether PostgreSQL answered.
+    pub postgres: Reach,
+    /// Whether the brokers answered, and the topic's partition count.
+    pub kafka: KafkaStatus,
+    /// The inbox table; `None` when PostgreSQL did not answer.
+    pub inbox: Option<InboxStatus>,
+    /// Every view version, by name and version.
+    pub views: Vec<VersionStatus>,
+}
+
+/// Whether a system answered.
+#[derive(Debug, Clone, Serialize)]
+pub struct Reach {
+    /// It answered.
+    pub reachable: bool,
+    /// Why not (never a connection string).
+    pub error: Option<String>,
+}
+
+/// The Kafka side.
+#[derive(Debug, Clone, Serialize)]
+pub struct KafkaStatus {
+    /// The brokers answered and know the topic.
+    pub reachable: bool,
+    /// The topic.
+    pub topic: String,
+    /// Its partition count, when known.
+    pub partitions: Option<usize>,
+    /// Why not reachable.
+    pub error: Option<String>,
+}
+
+/// The inbox table, all versions together.
+#[derive(Debug, Clone, Serialize)]
+pub struct InboxStatus {
+    /// PostgreSQL's estimate of its rows (`pg_class.reltuples`, exact right after an
+    /// `ANALYZE`); counted exactly while the table was never analyzed and is under 10 MiB;
+    /// `None` for a larger table never analyzed. Counting a large table would read all of it.
+    pub rows_estimate: Option<i64>,
+    /// Table and index size on disk.
+    pub bytes: i64,
+    /// The oldest row's `applied_at` (through the time index), `None` when empty.
+    pub oldest_applied_at: Option<DateTime<Utc>>,
+    /// Its age in seconds.
+    pub oldest_age_seconds: Option<i64>,
+}
+
+/// One view version.
+#[derive(Debug, Clone, Serialize)]
+pub struct VersionStatus {
+    /// View name.
+    pub name: String,
+    /// Version.
+    pub version: i32,
+    /// `<name>_v<version>`.
+    pub consumer: String,
+    /// `building`, `live` or `retired`.
+    pub state: String,
+    /// When it entered that state.
+    pub state_changed_at: DateTime<Utc>,
+    /// Its tables and rows were dropped (`retire --drop`).
+    pub dropped: bool,
+    /// The rebuild building it, while one runs.
+    pub rebuild: Option<RebuildStatus>,
+    /// False when one of its problems pages.
+    pub healthy: bool,
+    /// Messages not consumed yet over all partitions, and the oldest one's age; `None` for a
+    /// retired version or when Kafka did not answer.
+    pub lag: Option<Lag>,
+    /// Measured throughput, when sampled.
+    pub throughput: Option<Throughput>,
+    /// The exact counters of `projector.offsets`, summed over partitions.
+    pub counters: Counters,
+    /// Dead letters.
+    pub dead_letters: DeadLetters,
+    /// Parked accounts.
+    pub parked: Parked,
+    /// Events waiting in `projector.waiting_events` for an earlier `seq`.
+    pub waiting_events: i64,
+    /// Per partition; empty for a retired version.
+    pub partitions: Vec<PartitionStatus>,
+}
+
+/// A rebuild in progress.
+#[derive(Debug, Clone, Serialize)]
+pub struct RebuildStatus {
+    /// `seeding` or `tailing`.
+    pub phase: String,
+    /// `projector rebuild --pause` is in force.
+    pub paused: bool,
+    /// `snapshot` or `earliest`.
+    pub source: String,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+}
+
+/// Lag over a version's partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Lag {
+    /// Sum of the partitions' lag in messages (offsets).
+    pub messages: i64,
+    /// The largest partition lag in seconds; `None` when no waiting message's time could be
+    /// read.
+    pub seconds: Option<i64>,
+}
+
+/// Throughput over the sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Throughput {
+    /// How long the sample lasted, by PostgreSQL's clock.
+    pub sample_ms: i64,
+    /// Messages consumed a second (every disposition).
+    pub messages_per_second: i64,
+    /// Events applied a second.
+    pub applied_per_second: i64,
+}
+
+/// Exact counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Events whose effect is in the view.
+    pub applied: i64,
+    /// Events of types the view does not read.
+    pub ignored: i64,
+    /// Duplicates dropped, by what caught them.
+    pub duplicates: Duplicates,
+    /// Messages dead-lettered.
+    pub dead_lettered: i64,
+    /// Events that began waiting.
+    pub waiting: i64,
+    /// Waiting events that left the waiting table.
+    pub drained: i64,
+}
+
+/// Duplicates by what caught them. The duplicate counter is a sensor: a jump means a
+/// producer retrying without idempotence, a rebalance storm or a republish upstream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Duplicates {
+    /// All of them.
+    pub total: i64,
+    /// Their event already holds their `seq` (ordered views).
+    pub seq: i64,
+    /// At or below a rebuild's snapshot watermark.
+    pub watermark: i64,
+    /// Caught by the inbox.
+    pub inbox: i64,
+    /// Caught by the view's version filter.
+    pub version_filter: i64,
+    /// Counted before the engine recorded kinds: `total` minus the kinds.
+    pub unattributed: i64,
+}
+
+/// Dead letters of a version.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DeadLetters {
+    /// Not resolved yet.
+    pub open: i64,
+    /// Ever written.
+    pub total: i64,
+    /// Open ones by kind (`poison`, `apply_failed`, `conflict`; every kind present).
+    pub open_by_kind: BTreeMap<String, i64>,
+}
+
+/// Parked accounts of a version.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Parked {
+    /// How many.
+    pub total: i64,
+    /// By reason (`gap`, `dead_letter`; every reason present).
+    pub by_reason: BTreeMap<String, i64>,
+    /// The oldest, up to the listing limit.
+    pub oldest: Vec<ParkedAccount>,
+}
+
+/// One parked account.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ParkedAccount {
+    /// The account.
+    pub account_id: i64,
+    /// `gap` or `dead_letter`.
+    pub reason: String,
+    /// The `seq` it waits for.
+    pub blocked_seq: i64,
+    /// The dead letter holding that `seq`, for reason `dead_letter`.
+    pub dead_letter_id: Option<i64>,
+    /// Since when.
+    pub parked_at: DateTime<Utc>,
+    /// The engine's one-line explanation.
+    pub detail: String,
+}
+
+/// One partition of a version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PartitionStatus {
+    /// The partition.
+    pub partition: i32,
+    /// The stored `next_offset`; `None` when the version never committed this partition.
+    pub next_offset: Option<i64>,
+    /// The log's first offset, when Kafka answered.
+    pub low_watermark: Option<i64>,
+    /// The log's end, when Kafka answered.
+    pub high_watermark: Option<i64>,
+    /// Messages not consumed yet.
+    pub lag_messages: Option<i64>,
+    /// Age of the oldest message not consumed yet, in seconds; 0 when caught up.
+    pub lag_seconds: Option<i64>,
+    /// The last commit (`projector.offsets.updated_at`).
+    pub last_commit_at: Option<DateTime<Utc>>,
+    /// Who committed last (`--instance-id`, else `host:pid`).
+    pub committed_by: Option<String>,
+    /// The health rule says it makes no progress while input waits.
+    pub stalled: bool,
+}
+
+const DEAD_LETTER_KINDS: [&str; 3] = ["poison", "apply_failed", "conflict"];
+const PARK_REASONS: [&str; 2] = ["gap", "dead_letter"];
+
+/// One offsets row.
+#[derive(Debug, Clone)]
+struct OffsetRow {
+    partition: i32,
+    next_offset: i64,
+    counters: Counters,
+    committed_by: Option<String>,
+    updated_at: DateTime<Utc>,
+}
+
+/// Everything read from PostgreSQL in one snapshot.
+#[derive(Debug, Default)]
+struct DbState {
+    now: Option<DateTime<Utc>>,
+    versions: Vec<(String, i32, String, String, DateTime<Utc>, bool)>,
+    rebuilds: HashMap<String, RebuildStatus>,
+    offsets: HashMap<String, Vec<OffsetRow>>,
+    dead_letters: HashMap<String, DeadLetters>,
+    parked: HashMap<String, Parked>,
+    waiting: HashMap<String, i64>,
+    inbox: Option<InboxStatus>,
+}
+
+/// Takes a snapshot: PostgreSQL first (one read-only repeatable-read transaction, so every
+/// number comes from the same moment), then the brokers. PostgreSQL that cannot be
+/// connected to, or Kafka that does not answer, is a problem in the result, not an error;
+/// an error is a statement that failed (an unmigrated database, say).
+pub async fn collect(
+    pool: &Pool,
+    probe: &Arc<TopicProbe>,
+    options: &StatusOptions,
+) -> Result<Status, OpsError> {
+    let topic = probe.topic().to_owned();
+    let mut problems = Vec::new();
+    let first = match options.sample {
+        Some(d) => match sample_counters(pool, &topic).await {
+            Ok(first) => {
+                tokio::time::sleep(d).await;
+                Some(first)
+            }
+            Err(OpsError::Connect(e)) => {
+                return Ok(unreachable(&topic, options, e.to_string()));
+            }
+            Err(e) => return Err(e),
+        },
+        None => None,
+    };
+    let db = match read_db(pool, &topic, options).await {
+        Ok(db) => db,
+        Err(OpsError::Connect(e)) => return Ok(unreachable(&topic, options, e.to_string())),
+        Err(e) => return Err(e),
+    };
+    let now = db.now.unwrap_or_else(Utc::now);
+    let throughput: HashMap<String, Throughput> = match (&first, options.sample) {
+        (Some(first), Some(_)) => {
+            let second = sample_counters(pool, &topic).await?;
+            rates(first, &second)
+        }
+        _ => HashMap::new(),
+    };
+
+    // The brokers: watermarks, then the time of each version's oldest waiting message.
+    let extents = {
+        let probe = probe.clone();
+        tokio::task::spawn_blocking(move || probe.extents())
+            .await
+            .map_err(|e| OpsError::Blocking(e.to_string()))?
+    };
+    let (extents, kafka) = match extents {
+        Ok(extents) => {
+            let kafka = KafkaStatus {
+                reachable: true,
+                topic: topic.clone(),
+                partitions: Some(extents.len()),
+                error: None,
+            };
+            (Some(extents), kafka)
+        }
+        Err(e) => {
+            problems.push(Problem::global(
+                Severity::Page,
+                ProblemKind::KafkaUnreachable,
+                format!("kafka: {e}"),
+            ));
+            let kafka = KafkaStatus {
+                reachable: false,
+                topic: topic.clone(),
+                partitions: None,
+                error: Some(e.to_string()),
+            };
+            (None, kafka)
+        }
+    };
+    let times = match &extents {
+        Some(extents) => {
+            let wanted = waiting_positions(&db, extents);
+            let probe = probe.clone();
+            tokio::task::spawn_blocking(move || probe.times_at(&wanted))
+                .await
+                .map_err(|e| OpsError::Blocking(e.to_string()))?
+        }
+        None => BTreeMap::new(),
+    };
+
+    let mut views = Vec::new();
+    for (name, version, consumer, state, changed, dropped) in &db.versions {
+        let mut v = VersionStatus {
+            name: name.clone(),
+            version: *version,
+            consumer: consumer.clone(),
+            state: state.clone(),
+            state_changed_at: *changed,
+            dropped: *dropped,
+            rebuild: db.rebuilds.get(consumer).cloned(),
+            healthy: true,
+            lag: None,
+            throughput: throughput.get(consumer).copied(),
+            counters: Counters::default(),
+            dead_letters: db.dead_letters.get(consumer).cloned().unwrap_or_default(),
+            parked: db.parked.get(consumer).cloned().unwrap_or_default(),
+            waiting_events: db.waiting.get(consumer).copied().unwrap_or(0),
+            partitions: Vec::new(),
+        };
+        for kind in DEAD_LETTER_KINDS {
+            v.dead_letters
+                .open_by_kind
+                .entry(kind.to_owned())
+                .or_insert(0);
+        }
+        for reason in PARK_REASONS {
+            v.parked.by_reason.entry(reason.to_owned()).or_insert(0);
+        }
+        let rows = db.offsets.get(consumer).cloned().unwrap_or_default();
+        for r in &rows {
+            add_counters(&mut v.counters, &r.counters);
+        }
+        v.counters.duplicates.unattributed = v.counters.duplicates.total
+            - v.counters.duplicates.seq
+            - v.counters.duplicates.watermark
+            - v.counters.duplicates.inbox
+            - v.counters.duplicates.version_filter;
+        if state != "retired" && !dropped {
+            v.partitions = partitions_of(&rows, extents.as_deref(), &times, now);
+            if extents.is_some() {
+                v.lag = Some(Lag {
+                    messages: v.partitions.iter().filter_map(|p| p.lag_messages).sum(),
+                    seconds: v.partitions.iter().filter_map(|p| p.lag_seconds).max(),
+                });
+            }
+        }
+        judge(&mut v, &options.rule, now, &mut problems);
+        views.push(v);
+    }
+    problems.sort_by_key(|p| p.severity != Severity::Page);
+    Ok(Status {
+        schema: SCHEMA,
+        taken_at: now,
+        healthy: healthy(&problems),
+        stall_after_seconds: options.rule.stall_after.as_secs(),
+        problems,
+        postgres: Reach {
+            reachable: true,
+            error: None,
+        },
+        kafka,
+        inbox: db.inbox,
+        views,
+    })
+}
+
+/// The status when PostgreSQL cannot be reached: unhealthy, and nothing else known.
+fn unreachable(topic: &str, options: &StatusOptions, error: String) -> Status {
+    Status {
+        schema: SCHEMA,
+        taken_at: Utc::now(),
+        healthy: false,
+        stall_after_seconds: options.rule.stall_after.as_secs(),
+        problems: vec![Problem::global(
+            Severity::Page,
+            ProblemKind::PostgresUnreachable,
+            format!("postgres: {error}"),
+        )],
+        postgres: Reach {
+            reachable: false,
+            error: Some(error),
+        },
+        kafka: KafkaStatus {
+            reachable: false,
+            topic: topic.to_owned(),
+            partitions: None,
+            error: Some("not asked: PostgreSQL holds the positions".to_owned()),
+        },
+        inbox: None,
+        views: Vec::new(),
+    }
+}
+
+fn add_counters(into: &mut Counters, c: &Counters) {
+    into.applied += c.applied;
+    into.ignored += c.ignored;
+    into.dead_lettered += c.dead_lettered;
+    into.waiting += c.waiting;
+    into.drained += c.drained;
+    let (d, e) = (&mut into.duplicates, &c.duplicates);
+    d.total += e.total;
+    d.seq += e.seq;
+    d.watermark += e.watermark;
+    d.inbox += e.inbox;
+    d.version_filter += e.version_filter;
+}
+
+/// The positions whose message time is wanted: each non-retired version's `next_offset`
+/// on every partition that has messages past it.
+fn waiting_positions(db: &DbState, extents: &[Extent]) -> Vec<(i32, i64)> {
+    let mut wanted = BTreeSet::new();
+    for (_, _, consumer, state, _, dropped) in &db.versions {
+        if state == "retired" || *dropped {
+            continue;
+        }
+        let rows = db.offsets.get(consumer);
+        for e in extents {
+            let next = rows
+                .and_then(|rows| rows.iter().find(|r| r.partition == e.partition))
+                .map_or(e.low, |r| r.next_offset);
+            if next < e.high {
+                wanted.insert((e.partition, next.max(e.low)));
+            }
+        }
+    }
+    wanted.into_iter().collect()
+}
+
+fn partitions_of(
+    rows: &[OffsetRow],
+    extents: Option<&[Extent]>,
+    times: &BTreeMap<(i32, i64), Option<i64>>,
+    now: DateTime<Utc>,
+) -> Vec<PartitionStatus> {
+    let mut numbers: BTreeSet<i32> = rows.iter().map(|r| r.partition).collect();
+    if let Some(extents) = extents {
+        numbers.extend(extents.iter().map(|e| e.partition));
+    }
+    numbers
+        .into_iter()
+        .map(|partition| {
+            let row = rows.iter().find(|r| r.partition == partition);
+            let extent = extents.and_then(|x| x.iter().find(|e| e.partition == partition));
+            let (lag_messages, lag_seconds) = match extent {
+                Some(e) => {
+                    // A version that never committed the partition starts at the log's start.
+                    let next = row.map_or(e.low, |r| r.next_offset);
+                    let lag = (e.high - next).max(0);
+                    let seconds = if lag == 0 {
+                        Some(0)
+                    } else {
+                        times
+                            .get(&(partition, next.max(e.low)))
+                            .copied()
+                            .flatten()
+                            .map(|ms| (now.timestamp_millis() - ms).max(0) / 1000)
+                    };
+                    (Some(lag), seconds)
+                }
+                None => (None, None),
+            };
+            PartitionStatus {
+                partition,
+                next_offset: row.map(|r| r.next_offset),
+                low_watermark: extent.map(|e| e.low),
+                high_watermark: extent.map(|e| e.high),
+                lag_messages,
+                lag_seconds,
+                last_commit_at: row.map(|r| r.updated_at),
+                committed_by: row.and_then(|r| r.committed_by.clone()),
+                stalled: false,
+            }
+        })
+        .collect()
+}
+
+/// Applies the health rule to one version and adds its problems.
+fn judge(v: &mut VersionStatus, rule: &HealthRule, now: DateTime<Utc>, out: &mut Vec<Problem>) {
+    let building = v.state == "building";
+    let paused = v.rebuild.as_ref().is_some_and(|r| r.paused);
+    let mut problems = Vec::new();
+    for p in &mut v.partitions {
+        if let (Some(next), Some(low)) = (p.next_offset, p.low_watermark) {
+            if next < low {
+                problems.push(Problem {
+                    severity: Severity::Warn,
+                    kind: ProblemKind::BehindRetention,
+                    consumer: Some(v.consumer.clone()),
+                    partition: Some(p.partition),
+                    message: format!(
+                        "{} partition {}: stored offset {next} is below the log's start {low}: \
+                         retention deleted {} message(s) this version never applied; rebuild it \
+                         from a snapshot",
+                        v.consumer,
+                        p.partition,
+                        low - next
+                    ),
+                });
+            }
+        }
+        let Some(lag) = p.lag_messages else { continue };
+        let last_progress = p.last_commit_at.unwrap_or(v.state_changed_at);
+        if (v.state == "live" || (building && !paused))
+            && rule.stalled(now, lag, p.lag_seconds, last_progress)
+        {
+            p.stalled = true;
+            let idle = super::health::human_seconds((now - last_progress).num_seconds());
+            let oldest = p.lag_seconds.map_or("of unknown age".to_owned(), |s| {
+                format!("the oldest {} old", super::health::human_seconds(s))
+            });
+            problems.push(Problem {
+                severity: if building {
+                    Severity::Warn
+                } else {
+                    Severity::Page
+                },
+                kind: if building {
+                    ProblemKind::RebuildStalled
+                } else {
+                    ProblemKind::Stalled
+                },
+                consumer: Some(v.consumer.clone()),
+                partition: Some(p.partition),
+                message: format!(
+                    "{} partition {}: no commit for {idle} while {lag} message(s) wait, {oldest}",
+                    v.consumer, p.partition
+                ),
+            });
+        }
+    }
+    if v.state != "retired" && v.dead_letters.open > 0 {
+        problems.push(Problem {
+            severity: Severity::Warn,
+            kind: ProblemKind::DeadLetters,
+            consumer: Some(v.consumer.clone()),
+            partition: None,
+            message: format!(
+                "{}: {} open dead letter(s) ({})",
+                v.consumer,
+                v.dead_letters.open,
+                nonzero(&v.dead_letters.open_by_kind)
+            ),
+        });
+    }
+    if v.state != "retired" && v.parked.total > 0 {
+        problems.push(Problem {
+            severity: Severity::Warn,
+            kind: ProblemKind::ParkedAccounts,
+            consumer: Some(v.consumer.clone()),
+            partition: None,
+            message: format!(
+                "{}: {} parked account(s) ({})",
+                v.consumer,
+                v.parked.total,
+                nonzero(&v.parked.by_reason)
+            ),
+        });
+    }
+    v.healthy = healthy(&problems);
+    out.extend(problems);
+}
+
+/// `gap 2, dead_letter 1`: the non-zero entries of a count map.
+pub fn nonzero(counts: &BTreeMap<String, i64>) -> String {
+    counts
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+async fn read_db(pool: &Pool, topic: &str, options: &StatusOptions) -> Result<DbState, OpsError> {
+    let mut client = pool.get().await?;
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .map_err(pg("starting a read-only transaction"))?;
+    let mut db = DbState::default();
+    let names: Vec<String> = options.names.clone();
+    let row = tx
+        .query_one("SELECT now()", &[])
+        .await
+        .map_err(pg("reading the time"))?;
+    db.now = Some(row.get(0));
+    for r in tx
+        .query(
+            "SELECT name, version, consumer, state, state_changed_at, dropped_at IS NOT NULL \
+             FROM projector.views WHERE cardinality($1::text[]) = 0 OR name = ANY($1) \
+             ORDER BY name, version",
+            &[&names],
+        )
+        .await
+        .map_err(pg("reading the view registry"))?
+    {
+        db.versions
+            .push((r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)));
+    }
+    for r in tx
+        .query(
+            "SELECT consumer, phase, paused, source, started_at FROM projector.rebuilds \
+             WHERE phase IN ('seeding', 'tailing')",
+            &[],
+        )
+        .await
+        .map_err(pg("reading rebuilds"))?
+    {
+        db.rebuilds.insert(
+            r.get(0),
+            RebuildStatus {
+                phase: r.get(1),
+                paused: r.get(2),
+                source: r.get(3),
+                started_at: r.get(4),
+            },
+        );
+    }
+    for r in tx
+        .query(
+            "SELECT consumer, partition, next_offset, applied, ignored, duplicates, dup_seq, \
+                    dup_watermark, dup_inbox, dup_version_filter, dead_lettered, waiting, \
+                    drained, committed_by, updated_at \
+             FROM projector.offsets WHERE topic = $1 ORDER BY consumer, partition",
+            &[&topic],
+        )
+        .await
+        .map_err(pg("reading offsets (has `projector migrate` run?)"))?
+    {
+        db.offsets.entry(r.get(0)).or_default().push(OffsetRow {
+            partition: r.get(1),
+            next_offset: r.get(2),
+            counters: Counters {
+                applied: r.get(3),
+                ignored: r.get(4),
+                duplicates: Duplicates {
+                    total: r.get(5),
+                    seq: r.get(6),
+                    watermark: r.get(7),
+                    inbox: r.get(8),
+                    version_filter: r.get(9),
+                    unattributed: 0,
+                },
+                dead_lettered: r.get(10),
+                waiting: r.get(11),
+                drained: r.get(12),
+            },
+            committed_by: r.get(13),
+            updated_at: r.get(14),
+        });
+    }
+    for r in tx
+        .query(
+            "SELECT consumer, kind, count(*) FILTER (WHERE resolved_at IS NULL), count(*) \
+             FROM projector.dead_letters GROUP BY consumer, kind",
+            &[],
+        )
+        .await
+        .map_err(pg("reading dead letters"))?
+    {
+        let d = db.dead_letters.entry(r.get(0)).or_default();
+        let open: i64 = r.get(2);
+        d.open += open;
+        d.total += r.get::<_, i64>(3);
+        d.open_by_kind.insert(r.get(1), open);
+    }
+    for r in tx
+        .query(
+            "SELECT consumer, reason, count(*) FROM projector.parked_accounts \
+             GROUP BY consumer, reason",
+            &[],
+        )
+        .await
+        .map_err(pg("reading parked accounts"))?
+    {
+        let p = db.parked.entry(r.get(0)).or_default();
+        let n: i64 = r.get(2);
+        p.total += n;
+        p.by_reason.insert(r.get(1), n);
+    }
+    for r in tx
+        .query(
+            "SELECT v.consumer, k.account_id, k.reason, k.blocked_seq, k.dead_letter_id, \
+                    k.parked_at, k.detail \
+             FROM projector.views v CROSS JOIN LATERAL ( \
+                 SELECT * FROM projector.parked_accounts k \
+                 WHERE k.consumer = v.consumer ORDER BY parked_at, account_id LIMIT $1) k \
+             ORDER BY v.consumer, k.parked_at, k.account_id",
+            &[&options.parked_limit.max(0)],
+        )
+        .await
+        .map_err(pg("listing parked accounts"))?
+    {
+        db.parked
+            .entry(r.get(0))
+            .or_default()
+            .oldest
+            .push(ParkedAccount {
+                account_id: r.get(1),
+                reason: r.get(2),
+                blocked_seq: r.get(3),
+                dead_letter_id: r.get(4),
+                parked_at: r.get(5),
+                detail: r.get(6),
+            });
+    }
+    for r in tx
+        .query(
+            "SELECT consumer, count(*) FROM projector.waiting_events GROUP BY consumer",
+            &[],
+        )
+        .await
+        .map_err(pg("counting waiting events"))?
+    {
+        db.waiting.insert(r.get(0), r.get(1));
+    }
+    let r = tx
+        .query_one(
+            "SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint \
+                         WHEN pg_relation_size(c.oid) < 10485760 \
+                         THEN (SELECT count(*) FROM projector.inbox) END, \
+                    pg_total_relation_size(c.oid), \
+                    (SELECT min(applied_at) FROM projector.inbox) \
+             FROM pg_class c WHERE c.oid = 'projector.inbox'::regclass",
+            &[],
+        )
+        .await
+        .map_err(pg("reading the inbox's size"))?;
+    let oldest: Option<DateTime<Utc>> = r.get(2);
+    let now = db.now.unwrap_or_else(Utc::now);
+    db.inbox = Some(InboxStatus {
+        rows_estimate: r.get(0),
+        bytes: r.get(1),
+        oldest_applied_at: oldest,
+        oldest_age_seconds: oldest.map(|o| (now - o).num_seconds().max(0)),
+    });
+    tx.commit().await.map_err(pg("ending the snapshot"))?;
+    Ok(db)
+}
+
+/// Per version: (messages consumed, events applied) and PostgreSQL's clock.
+type CounterSample = (DateTime<Utc>, HashMap<String, (i64, i64)>);
+
+async fn sample_counters(pool: &Pool, topic: &str) -> Result<CounterSample, OpsError> {
+    let client = pool.get().await?;
+    let rows = client
+        .query(
+            "SELECT clock_timestamp(), consumer, \
+                    sum(applied + ignored + duplicates + dead_lettered + waiting - drained)::bigint, \
+                    sum(applied)::bigint \
+             FROM projector.offsets WHERE topic = $1 GROUP BY consumer",
+            &[&topic],
+        )
+        .await
+        .map_err(pg("sampling counters"))?;
+    let at = match rows.first() {
+        Some(r) => r.get(0),
+        None => client
+            .query_one("SELECT clock_timestamp()", &[])
+            .await
+            .map_err(pg("reading the time"))?
+            .get(0),
+    };
+    Ok((
+        at,
+        rows.iter()
+            .map(|r| (r.get(1), (r.get(2), r.get(3))))
+            .collect(),
+    ))
+}
+
+fn rates(first: &CounterSample, second: &CounterSample) -> HashMap<String, Throughput> {
+    let ms = (second.0 - first.0).num_milliseconds().max(1);
+    second
+        .1
+        .iter()
+        .map(|(consumer, (messages, applied))| {
+            let (m0, a0) = first.1.get(consumer).copied().unwrap_or((0, 0));
+            (
+                consumer.clone(),
+                Throughput {
+                    sample_ms: ms,
+                    messages_per_second: (messages - m0).max(0) * 1000 / ms,
+                    applied_per_second: (applied - a0).max(0) * 1000 / ms,
+                },
+            )
+        })
+        .collect()
+}
