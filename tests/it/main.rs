@@ -22,5 +22,6 @@ mod kafka_partitioner;
 mod kafka_process;
 mod kafka_publish;
 mod kafka_source;
+mod review_holes;
 mod views_conformance;
 mod views_golden;
