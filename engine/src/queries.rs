@@ -43,20 +43,20 @@ pub const ENSURE_PROGRESS: &str =
      SELECT $1, a, 0 FROM unnest($2::bigint[]) AS a \
      ON CONFLICT (consumer, account_id) DO NOTHING";
 
-/// Progress and parked state of the batch's accounts, locked until commit. Two writers that
-/// share an account (two producers, a partition-count change) then take turns: without the
-/// lock, one could park the account on a `seq` the other is applying at that moment, and
-/// the events waiting behind it would wait for ever. Locked in account order (the lock
-/// sits above the sort), like [`ENSURE_PROGRESS`].
-pub const LOCK_ACCOUNTS: &str =
-    "SELECT p.account_id, p.last_seq, p.last_event_id, p.watermark_seq, k.blocked_seq, p.emit_after_seq \
-     FROM projector.account_progress p \
-     LEFT JOIN projector.parked_accounts k ON k.consumer = p.consumer AND k.account_id = p.account_id \
+/// Locks the batch's accounts' progress rows until commit. Two writers that share an
+/// account (two producers, a partition-count change) then take turns: without the lock, one
+/// could park the account on a `seq` the other is applying at that moment, and the events
+/// waiting behind it would wait for ever. Locked in account order (the lock sits above the
+/// sort), like [`ENSURE_PROGRESS`]. The state is read by [`READ_ACCOUNTS`], a statement of its
+/// own: after a lock wait PostgreSQL re-reads only the locked row, and a park joined in the
+/// same statement would still show what it was before the wait.
+pub const LOCK_ACCOUNTS: &str = "SELECT p.account_id FROM projector.account_progress p \
      WHERE p.consumer = $1 AND p.account_id = ANY($2::bigint[]) \
-     ORDER BY p.account_id FOR UPDATE OF p";
+     ORDER BY p.account_id FOR UPDATE";
 
-/// Progress and parked state of the batch's accounts, unlocked: for order-independent views,
-/// which read only the rebuild watermark and never park.
+/// Progress and parked state of the batch's accounts: after [`LOCK_ACCOUNTS`] for an
+/// order-dependent view (a fresh snapshot, taken once the locks are held), alone for an
+/// order-independent one, which reads only the rebuild watermark and never parks.
 pub const READ_ACCOUNTS: &str =
     "SELECT a.account_id, p.last_seq, p.last_event_id, p.watermark_seq, k.blocked_seq, p.emit_after_seq \
      FROM unnest($2::bigint[]) AS a(account_id) \
@@ -156,7 +156,12 @@ pub const UNPARK_ACCOUNTS: &str =
 /// millions of rows. The bench measured it at a tenth of the database's time when
 /// catching up a new version of 4,000 rows. With the setting off, the planner takes the
 /// index; a table without a usable index is still scanned, as the only plan left.
-pub const OPEN_BATCH_SAVEPOINT: &str = "SET LOCAL enable_seqscan = off; SAVEPOINT projector_batch";
+///
+/// And it makes deferred constraints immediate: a view's `DEFERRABLE` unique key (a
+/// business key, the second line of defence) would otherwise fail at COMMIT, where no
+/// savepoint can say which event broke it, and the batch would fail the same way for ever.
+pub const OPEN_BATCH_SAVEPOINT: &str =
+    "SET LOCAL enable_seqscan = off; SET CONSTRAINTS ALL IMMEDIATE; SAVEPOINT projector_batch";
 
 /// Ends the fast path's savepoint after every round succeeded.
 pub const RELEASE_BATCH_SAVEPOINT: &str = "RELEASE SAVEPOINT projector_batch";

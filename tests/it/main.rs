@@ -1,7 +1,6 @@
 //! The integration tests, in one binary so that CI links once: against real PostgreSQL (a
 //! database per test) and, for the Kafka tests, librdkafka's mock cluster.
 
-mod support;
 mod bench_smoke;
 mod cli;
 mod engine_arbitrary;
@@ -30,6 +29,7 @@ mod ops_status;
 mod rebuild;
 mod rebuild_notices;
 mod review_holes;
+mod support;
 mod views_conformance;
 mod views_golden;
 mod writeside;

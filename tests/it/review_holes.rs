@@ -128,7 +128,7 @@ async fn progress(client: &deadpool_postgres::Client, account: i64) -> (i64, Opt
 // ---------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: last_event_id after a cut (1)"]
+
 async fn hole_a_redelivery_after_a_cut_is_not_a_conflict() {
     let (db, applier) = setup_trail().await;
     let mut client = db.client().await;
@@ -163,7 +163,7 @@ async fn hole_a_redelivery_after_a_cut_is_not_a_conflict() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: last_event_id after a cut (1)"]
+
 async fn hole_a_second_event_for_last_seq_after_a_cut_is_dead_lettered() {
     let (db, applier) = setup_trail().await;
     let mut client = db.client().await;
@@ -206,7 +206,7 @@ async fn hole_a_second_event_for_last_seq_after_a_cut_is_dead_lettered() {
 // ---------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: waiting event lost behind stored poison (2)"]
+
 async fn hole_b_an_event_waiting_where_a_stored_event_no_longer_decodes_is_kept() {
     let (db, applier) = setup_trail().await;
     let mut client = db.client().await;
@@ -307,7 +307,7 @@ async fn until_someone_waits_on_a_lock(observer: &deadpool_postgres::Client) {
 // ---------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: stale park read after a lock wait (3)"]
+
 async fn hole_c_a_writer_that_waited_for_the_account_sees_the_park_made_meanwhile() {
     let (db, applier) = setup_trail().await;
     let applier = Arc::new(applier);
@@ -471,7 +471,7 @@ mod kafka {
 // ---------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: shutdown hangs on a full worker channel (4)"]
+
 async fn hole_d_a_shutdown_finishes_while_a_full_worker_cannot_commit() {
     use kafka::*;
     let (db, applier) = setup_trail().await;
@@ -542,7 +542,7 @@ async fn hole_d_a_shutdown_finishes_while_a_full_worker_cannot_commit() {
 // ---------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: unbounded drain outlives the attempt timeout (5)"]
+
 async fn hole_e_a_long_park_drains_without_wedging_the_partition() {
     use kafka::*;
     let view = projector_views::Portfolio::new(1);
@@ -647,7 +647,7 @@ impl projector_engine::Projection for Ledger {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: error at COMMIT retried for ever (6)"]
+
 async fn hole_f_a_deferred_constraint_cannot_wedge_the_partition() {
     let registry = Registry::new().register(Ledger).expect("registry");
     let db = TestDb::new(&registry).await;
@@ -702,7 +702,7 @@ async fn hole_f_a_deferred_constraint_cannot_wedge_the_partition() {
 // ---------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: correction dropped as duplicate of a failing event (8)"]
+
 async fn hole_h_a_correction_in_the_batch_of_the_event_it_corrects_releases_it() {
     let (db, applier) = setup_trail().await;
     let mut client = db.client().await;
@@ -773,7 +773,7 @@ impl projector_engine::Projection for SumJournal {
 /// dead-lettered; the correction, which would have succeeded, was never tried. The event's
 /// effect is missing until someone republishes it yet again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: correction dropped as duplicate of a failing event (8)"]
+
 async fn hole_h_a_correction_in_the_batch_is_tried_in_an_order_independent_view() {
     let registry = Registry::new().register(SumJournal).expect("registry");
     let db = TestDb::new(&registry).await;

@@ -401,21 +401,18 @@ impl Applier {
             // an event already waiting is caught as a duplicate before this insert; the
             // conflict clause is a second line, and whatever it skipped is counted as the
             // duplicate it is.
-            let (_, _, inserted) =
-                futures::try_join!(released, dead_letters, waiting).map_err(&err)?;
+            // Drained rows go first: a new event may wait at the seq of a stored one that
+            // left (it no longer decoded), and must not collide with it.
+            let (_, _, _, inserted) =
+                futures::try_join!(released, dead_letters, drained, waiting).map_err(&err)?;
             let expected = w.account.len() as u64;
             if inserted < expected {
                 counts.dup_seq += expected - inserted;
                 counts.waiting = counts.waiting.saturating_sub(expected - inserted);
             }
-            let (_, _, _, _, advanced) = futures::try_join!(
-                drained,
-                parks,
-                unparks,
-                progress,
-                advance_offset(counts.clone())
-            )
-            .map_err(&err)?;
+            let (_, _, _, advanced) =
+                futures::try_join!(parks, unparks, progress, advance_offset(counts.clone()))
+                    .map_err(&err)?;
             advanced
         };
         if let (false, Some(adv)) = (advanced, advance) {

@@ -71,8 +71,8 @@ fn default_owner() -> String {
 
 /// The prepared statements that load a batch's accounts.
 struct AccountStatements {
-    /// Creates missing progress rows, so that every account can be locked.
-    ensure: Option<Statement>,
+    /// Creates missing progress rows and locks them all (order-dependent views).
+    lock: Option<(Statement, Statement)>,
     read: Statement,
 }
 
@@ -439,16 +439,17 @@ impl Applier {
                     .prepare_cached(queries::READ_ACCOUNTS)
                     .await
                     .map_err(&err)?;
-                Ok(Some(AccountStatements { ensure: None, read }))
+                Ok(Some(AccountStatements { lock: None, read }))
             }
             Tracking::Seq => {
-                let (ensure, read) = futures::try_join!(
+                let (ensure, lock, read) = futures::try_join!(
                     tx.prepare_cached(queries::ENSURE_PROGRESS),
-                    tx.prepare_cached(queries::LOCK_ACCOUNTS)
+                    tx.prepare_cached(queries::LOCK_ACCOUNTS),
+                    tx.prepare_cached(queries::READ_ACCOUNTS)
                 )
                 .map_err(&err)?;
                 Ok(Some(AccountStatements {
-                    ensure: Some(ensure),
+                    lock: Some((ensure, lock)),
                     read,
                 }))
             }
@@ -470,14 +471,24 @@ impl Applier {
         }
         let err = self.db("loading account progress");
         let params: [&(dyn ToSql + Sync); 2] = [&self.consumer, &accounts];
+        let (ensure, lock) = match &statements.lock {
+            Some((ensure, lock)) => (Some(ensure), Some(lock)),
+            None => (None, None),
+        };
         let ensure = async {
-            match &statements.ensure {
+            match ensure {
                 Some(ensure) => tx.execute(ensure, &params).await,
                 None => Ok(0),
             }
         };
-        let (_, rows) =
-            futures::try_join!(ensure, tx.query(&statements.read, &params)).map_err(&err)?;
+        let lock = async {
+            match lock {
+                Some(lock) => tx.execute(lock, &params).await,
+                None => Ok(0),
+            }
+        };
+        let (_, _, rows) =
+            futures::try_join!(ensure, lock, tx.query(&statements.read, &params)).map_err(&err)?;
         Ok(rows
             .iter()
             .map(|row| {

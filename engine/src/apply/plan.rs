@@ -303,7 +303,9 @@ impl<'b> Work<'b> {
                 };
                 let other = match holder {
                     Some(h) => self.event(h).map(|e| Some(e.event_id.as_str())),
-                    None if ev.seq == acc.initial.last_seq => {
+                    None if ev.seq == acc.initial.last_seq
+                        && acc.initial.last_event_id.is_some() =>
+                    {
                         acc.initial.last_event_id.as_deref().map(Some)
                     }
                     None if checked.contains(&ev.event_id) => {
@@ -435,11 +437,22 @@ impl<'b> Work<'b> {
 
     /// The event that holds `last_seq` once the batch commits, for the progress row.
     pub(crate) fn last_event_id<'s>(&'s self, acc: &'s AccountWork) -> Option<&'s str> {
-        match acc.plan.emitted.last() {
-            Some(&(seq, item)) if seq == acc.plan.last_seq => {
-                self.event(item).map(|e| e.event_id.as_str())
+        // After a failure the emitted list ends with the failed event; the holder of
+        // last_seq is the emitted event at that seq, if this batch applied it.
+        let failed: HashSet<usize> = acc.failures.iter().map(|(k, _)| *k).collect();
+        let here = acc
+            .plan
+            .emitted
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(k, (seq, _))| *seq == acc.plan.last_seq && !failed.contains(k));
+        match here {
+            Some((_, &(_, item))) => self.event(item).map(|e| e.event_id.as_str()),
+            None if acc.plan.last_seq == acc.initial.last_seq => {
+                acc.initial.last_event_id.as_deref()
             }
-            _ => acc.initial.last_event_id.as_deref(),
+            None => None,
         }
     }
 }

@@ -98,11 +98,14 @@ impl Applier {
         tx.execute(queries::ENSURE_PROGRESS, &[&self.consumer, &vec![account]])
             .await
             .map_err(&err)?;
-        let row = tx
-            .query_one(queries::LOCK_ACCOUNTS, &[&self.consumer, &vec![account]])
+        tx.execute(queries::LOCK_ACCOUNTS, &[&self.consumer, &vec![account]])
             .await
             .map_err(&err)?;
-        let last_seq: i64 = row.get(1);
+        let row = tx
+            .query_one(queries::READ_ACCOUNTS, &[&self.consumer, &vec![account]])
+            .await
+            .map_err(&err)?;
+        let last_seq: i64 = row.get::<_, Option<i64>>(1).unwrap_or(0);
         let watermark: Option<i64> = row.get(3);
         let next = last_seq.max(watermark.unwrap_or(0)) + 1;
         if seq != next {
