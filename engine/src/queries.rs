@@ -166,8 +166,13 @@ pub const OPEN_BATCH_SAVEPOINT: &str =
 /// Ends the fast path's savepoint after every round succeeded.
 pub const RELEASE_BATCH_SAVEPOINT: &str = "RELEASE SAVEPOINT projector_batch";
 
-/// Undoes the fast path after a failed round and ends its savepoint, in one round trip.
-pub const ROLLBACK_BATCH_SAVEPOINT: &str =
+/// Undoes the fast path after a failed round and keeps its savepoint open: the careful path
+/// runs inside it, so that the whole pass can still be undone (a split, see
+/// `Applier::apply_in`); the bookkeeping releases it.
+pub const ROLLBACK_BATCH_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT projector_batch";
+
+/// Undoes a whole pass over part of a batch and ends its savepoint.
+pub const UNDO_BATCH_SAVEPOINT: &str =
     "ROLLBACK TO SAVEPOINT projector_batch; RELEASE SAVEPOINT projector_batch";
 
 /// Opens the engine's prefix of every view statement: the batch as a relation, the inbox

@@ -748,3 +748,27 @@ async fn a_second_event_for_a_taken_seq_is_a_conflict_not_a_duplicate() {
         "only true duplicates are counted as duplicates"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_correction_of_a_waiting_event_that_fails_as_it_drains_releases_the_account() {
+    let (db, applier) = setup(Trail::new(1)).await;
+    let mut client = db.client().await;
+    let mut log = Partition::new("fills", 0);
+    log.push_event(&f(1, 1, "1")); // 0
+    log.push_event(&f(1, 3, "2000000")); // 1: waits for 2, and will break the CHECK
+    let first = applier_apply(&applier, &mut client, &log.batch(0, 10)).await;
+    assert_eq!(kinds(&first), [Applied, Waiting]);
+    log.push_event(&f(1, 2, "2")); // 2: fills the gap; the waiting 3 drains and fails
+    log.push_event(&f(1, 3, "3")); // 3: seq 3 corrected, same event id
+    let second = applier_apply(&applier, &mut client, &log.batch(2, 10)).await;
+    assert_eq!(kinds(&second), [Applied, Applied]);
+    assert_counts_add_up(&second, 2);
+    assert_eq!(
+        trail(&client, "trail_v1", 1).await.as_deref(),
+        Some("1,2,3")
+    );
+    assert!(parks(&client, "trail_v1").await.is_empty());
+    let dead = dead_letters(&client, "trail_v1").await;
+    assert_eq!(dead.len(), 1, "the failed original is dead-lettered");
+    assert_eq!((dead[0].0, dead[0].1.as_str()), (1, "apply_failed"));
+}

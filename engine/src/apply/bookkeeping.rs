@@ -255,6 +255,7 @@ impl Applier {
         work: &Work<'_>,
         advance: Option<Advance<'_>>,
         release_savepoint: bool,
+        earlier: &Counts,
     ) -> Result<Counts, ApplyError> {
         let rows = gather(work, self.ordered);
         let err = self.db("writing progress and offsets");
@@ -375,6 +376,8 @@ impl Applier {
         };
         let advance = advance.as_ref();
         let advance_offset = |counts: Counts| async move {
+            let mut counts = counts;
+            counts += earlier;
             match advance {
                 Some(adv) => adv
                     .run(tx, &advance_stmt, c, &self.owner, &counts)

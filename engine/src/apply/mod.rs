@@ -260,9 +260,8 @@ impl Applier {
             });
         };
         let next_offset = last.offset + 1;
-        let decoded = batch.messages.iter().map(|m| self.decode(m)).collect();
-        let mut work = Work::new(batch, decoded);
-        let accounts = work.account_ids();
+        let decoded: Vec<Decoded> = batch.messages.iter().map(|m| self.decode(m)).collect();
+        let end = batch.messages.len();
 
         // Every statement is prepared before any is sent: a prepared statement goes out when
         // its future is first polled, so the offset row is locked before the accounts are,
@@ -272,46 +271,122 @@ impl Applier {
             self.prepare_is_live(tx),
             self.prepare_accounts(tx)
         )?;
-        let (fence, live, states) = futures::try_join!(
-            self.lock_offset(tx, batch, &lock),
-            self.is_live(tx, is_live.as_ref()),
-            self.load_accounts(tx, account_statements.as_ref(), &accounts)
-        )?;
-        match fence {
-            Fence::Held(stored) if stored == batch.start_offset => {}
-            Fence::Held(stored) | Fence::Lost(stored) => {
-                return Err(ApplyError::Fenced {
-                    consumer: self.consumer.clone(),
-                    topic: batch.topic.clone(),
-                    partition: batch.partition,
-                    start: batch.start_offset,
-                    stored,
-                })
-            }
-        }
 
-        work.live = live;
-        self.plan(tx, &mut work, states).await?;
-        let release = self.execute(tx, &mut work).await?;
-        work.settle(self.ordered, &|e| self.sends(e));
-        let advance = Advance {
-            topic: &batch.topic,
-            partition: batch.partition,
-            start_offset: batch.start_offset,
-            next_offset,
-        };
-        let counts = self
-            .write_bookkeeping(tx, &work, Some(advance), release)
-            .await?;
+        // Usually one pass over the whole batch. A pass stops early only before a
+        // correction of an event whose statement failed in it (`Work::split_point`), and the
+        // next pass starts at the correction; all passes share the transaction, and the
+        // offset moves once, past the whole batch.
+        let mut dispositions: Vec<Disposition> = Vec::with_capacity(end);
+        let mut total = Counts::default();
+        let (mut from, mut to) = (0, end);
+        let mut drain_first: Vec<i64> = Vec::new();
+        let mut first = true;
+        while from < end {
+            let part = Batch {
+                topic: batch.topic.clone(),
+                partition: batch.partition,
+                start_offset: if from == 0 {
+                    batch.start_offset
+                } else {
+                    batch.messages[from].offset
+                },
+                messages: if drain_first.is_empty() {
+                    batch.messages[from..to].to_vec()
+                } else {
+                    Vec::new()
+                },
+            };
+            let part_decoded = if drain_first.is_empty() {
+                decoded[from..to].to_vec()
+            } else {
+                Vec::new()
+            };
+            let mut work = Work::new(&part, part_decoded);
+            work.extra_accounts = std::mem::take(&mut drain_first);
+            let draining = !work.extra_accounts.is_empty();
+            let accounts = work.account_ids();
+            let states = if first {
+                let (fence, live, states) = futures::try_join!(
+                    self.lock_offset(tx, batch, &lock),
+                    self.is_live(tx, is_live.as_ref()),
+                    self.load_accounts(tx, account_statements.as_ref(), &accounts)
+                )?;
+                match fence {
+                    Fence::Held(stored) if stored == batch.start_offset => {}
+                    Fence::Held(stored) | Fence::Lost(stored) => {
+                        return Err(ApplyError::Fenced {
+                            consumer: self.consumer.clone(),
+                            topic: batch.topic.clone(),
+                            partition: batch.partition,
+                            start: batch.start_offset,
+                            stored,
+                        })
+                    }
+                }
+                work.live = live;
+                states
+            } else {
+                let (live, states) = futures::try_join!(
+                    self.is_live(tx, is_live.as_ref()),
+                    self.load_accounts(tx, account_statements.as_ref(), &accounts)
+                )?;
+                work.live = live;
+                states
+            };
+            first = false;
+
+            self.plan(tx, &mut work, states).await?;
+            let release = self.execute(tx, &mut work).await?;
+            work.settle(self.ordered, &|e| self.sends(e));
+            if let (true, Some((cut, account))) = (release && !draining, work.split_point()) {
+                tx.batch_execute(queries::UNDO_BATCH_SAVEPOINT)
+                    .await
+                    .map_err(self.db("undoing a pass"))?;
+                if cut == 0 {
+                    // The failed event waited from an earlier batch and drains first, on its
+                    // own; then this part runs again with its correction.
+                    drain_first.push(account);
+                } else {
+                    to = from + cut;
+                }
+                continue;
+            }
+            let last_part = to == end && !draining;
+            let advance = last_part.then(|| Advance {
+                topic: &batch.topic,
+                partition: batch.partition,
+                start_offset: batch.start_offset,
+                next_offset,
+            });
+            let counts = self
+                .write_bookkeeping(tx, &work, advance, release, &total)
+                .await?;
+            // Events an earlier pass of this batch stored as waiting may have left now.
+            for (offset, d) in work.stored_outcomes(&|e| self.sends(e)) {
+                if let Some(i) = batch.messages[..from]
+                    .iter()
+                    .position(|m| m.offset == offset)
+                {
+                    dispositions[i] = d;
+                }
+            }
+            total += &counts;
+            if draining {
+                continue;
+            }
+            dispositions.extend_from_slice(&work.dispositions);
+            from = to;
+            to = end;
+        }
         let dispositions = batch
             .messages
             .iter()
-            .zip(&work.dispositions)
+            .zip(&dispositions)
             .map(|(m, d)| (m.offset, *d))
             .collect();
         Ok(BatchOutcome {
             next_offset,
-            counts,
+            counts: total,
             dispositions,
         })
     }

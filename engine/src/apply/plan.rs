@@ -435,6 +435,84 @@ impl<'b> Work<'b> {
         self.counts += &counts;
     }
 
+    /// Where a pass over the batch must stop so that a correction is judged after the event
+    /// it corrects: a message with the id of an event whose statement failed, but other
+    /// bytes (the producer republished it fixed), that this pass dropped as a duplicate of
+    /// it. Returns the message's index and its account. Ending the pass before it lets the
+    /// failed event be dead-lettered (its account parks at its seq); the next pass then finds
+    /// the correction fresh, and the correction releases the account.
+    pub(crate) fn split_point(&self) -> Option<(usize, i64)> {
+        let mut best: Option<(usize, i64)> = None;
+        for acc in &self.accounts {
+            for (k, _) in &acc.failures {
+                let holder = acc.plan.emitted[*k].1;
+                let Some(held) = self.event(holder) else {
+                    continue;
+                };
+                let held_bytes = self.source(holder).payload;
+                for (i, d) in self.decoded.iter().enumerate() {
+                    let after = match holder {
+                        Item::Batch(h) => i > h,
+                        Item::Stored(_) => true,
+                    };
+                    let candidate = after
+                        && self.dispositions[i] == Disposition::Duplicate
+                        && d.event().is_some_and(|e| e.event_id == held.event_id)
+                        && self.batch.messages[i].payload.as_slice() != held_bytes;
+                    if candidate && best.is_none_or(|(b, _)| i < b) {
+                        best = Some((i, acc.account_id));
+                    }
+                }
+            }
+        }
+        best
+    }
+
+    /// What became, in this pass, of stored events that came from `topic`/`partition`
+    /// (waiting events an earlier pass of the same batch stored): by offset.
+    pub(crate) fn stored_outcomes(
+        &self,
+        subscribed: &dyn Fn(&Event) -> bool,
+    ) -> Vec<(i64, Disposition)> {
+        let mut out = Vec::new();
+        for (i, s) in self.stored.iter().enumerate() {
+            if s.topic != self.batch.topic || s.partition != self.batch.partition {
+                continue;
+            }
+            if matches!(s.decoded, Decoded::Poison { .. }) {
+                out.push((s.message.offset, Disposition::DeadLettered));
+                continue;
+            }
+            for acc in &self.accounts {
+                let failed: HashSet<usize> = acc.failures.iter().map(|(k, _)| *k).collect();
+                if let Some(k) = acc
+                    .plan
+                    .emitted
+                    .iter()
+                    .position(|(_, item)| *item == Item::Stored(i))
+                {
+                    let d = if failed.contains(&k) {
+                        Disposition::DeadLettered
+                    } else if self.event(Item::Stored(i)).is_some_and(subscribed) {
+                        Disposition::Applied
+                    } else {
+                        Disposition::Ignored
+                    };
+                    out.push((s.message.offset, d));
+                }
+                if acc
+                    .plan
+                    .stale
+                    .iter()
+                    .any(|(_, item)| *item == Item::Stored(i))
+                {
+                    out.push((s.message.offset, Disposition::Duplicate));
+                }
+            }
+        }
+        out
+    }
+
     /// The event that holds `last_seq` once the batch commits, for the progress row.
     pub(crate) fn last_event_id<'s>(&'s self, acc: &'s AccountWork) -> Option<&'s str> {
         // After a failure the emitted list ends with the failed event; the holder of

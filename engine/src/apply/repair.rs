@@ -189,6 +189,7 @@ impl Applier {
         self.plan(tx, work, states).await?;
         let release = self.execute(tx, work).await?;
         work.settle(self.ordered, &|e| self.sends(e));
-        self.write_bookkeeping(tx, work, None, release).await
+        self.write_bookkeeping(tx, work, None, release, &Counts::default())
+            .await
     }
 }

@@ -217,7 +217,7 @@ impl Applier {
                     .map_err(self.db("rolling back a savepoint"))?;
                 tracing::debug!(error = %first, "a statement failed; isolating the event at fault");
                 self.run_rounds_careful(tx, work).await?;
-                Ok(false)
+                Ok(true)
             }
         }
     }
