@@ -287,9 +287,10 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
             match (account, seq) {
                 (Some(account), Some(seq)) if blocked == Some(seq) => {
                     let applier = applier_of(registry, &consumer)?;
-                    let counts = applier
+                    let mut counts = applier
                         .skip_seq(&mut client, account, seq, &by, &reason)
                         .await?;
+                    counts += &drain(&applier, &mut client, account).await?;
                     println!(
                         "dead letter {id} skipped; account {account} resumes after seq {seq}: {} event(s) applied",
                         counts.applied
@@ -321,6 +322,22 @@ async fn consumer_of_dead_letter(client: &Client, id: i64) -> anyhow::Result<Str
     {
         Some(r) => Ok(r.get(0)),
         None => bail!("no dead letter {id}"),
+    }
+}
+
+/// Drains an account step by step until nothing more can follow.
+async fn drain(
+    applier: &Applier,
+    client: &mut Client,
+    account: i64,
+) -> anyhow::Result<projector_engine::Counts> {
+    let mut total = projector_engine::Counts::default();
+    loop {
+        let (counts, more) = applier.drain_account(client, account).await?;
+        total += &counts;
+        if !more {
+            return Ok(total);
+        }
     }
 }
 
@@ -397,7 +414,7 @@ pub async fn run_parked(url: &str, registry: &Registry, command: Parked) -> anyh
                     bail!("account {account}: dead letter {id} failed again; see `projector dlq show {id}`");
                 }
             }
-            let counts = applier.drain_account(&mut client, account).await?;
+            let counts = drain(&applier, &mut client, account).await?;
             let still: Option<i64> = client
                 .query_opt(
                     "SELECT blocked_seq FROM projector.parked_accounts WHERE consumer = $1 AND account_id = $2",
@@ -426,9 +443,10 @@ pub async fn run_parked(url: &str, registry: &Registry, command: Parked) -> anyh
         } => {
             let consumer = consumer_of(&client, &view, version).await?;
             let applier = applier_of(registry, &consumer)?;
-            let counts = applier
+            let mut counts = applier
                 .skip_seq(&mut client, account, seq, &who(by), &reason)
                 .await?;
+            counts += &drain(&applier, &mut client, account).await?;
             println!(
                 "account {account}: seq {seq} skipped (recorded); {} event(s) that waited applied",
                 counts.applied

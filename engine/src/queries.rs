@@ -64,10 +64,17 @@ pub const READ_ACCOUNTS: &str =
      LEFT JOIN projector.parked_accounts k ON k.consumer = $1 AND k.account_id = a.account_id";
 
 /// Events waiting for the given accounts, in `seq` order.
+///
+/// At most `$3` per account, the lowest `seq`s: a batch's work must stay bounded however long
+/// an account was parked (a day's events of a busy account behind one lost event). What is
+/// not loaded drains in later steps (`BatchOutcome::more_to_drain`).
 pub const LOAD_WAITING: &str =
-    "SELECT account_id, seq, event_id, topic, partition, \"offset\", message_key, payload \
-     FROM projector.waiting_events WHERE consumer = $1 AND account_id = ANY($2::bigint[]) \
-     ORDER BY account_id, seq";
+    "SELECT w.account_id, w.seq, w.event_id, w.topic, w.partition, w.\"offset\", w.message_key, w.payload \
+     FROM unnest($2::bigint[]) AS a(account_id) \
+     CROSS JOIN LATERAL (SELECT * FROM projector.waiting_events w \
+                         WHERE w.consumer = $1 AND w.account_id = a.account_id \
+                         ORDER BY w.seq LIMIT $3) w \
+     ORDER BY w.account_id, w.seq";
 
 /// Which of the given event ids this view version has applied: tells a true duplicate of an
 /// older `seq` from a second event claiming it (a conflict).

@@ -1,8 +1,6 @@
-//! Review 8: holes found by an adversarial review, each proved by a test that fails against
-//! the engine as it stands (ignored, with the hole named, so the branch stays green). Each
-//! test says the scenario, the consequence, and where it comes from. The engine is not
-//! changed here; the lead fixes. Run them with `cargo test --test it review_holes --
-//! --ignored`.
+//! Holes an adversarial review of the hardened apply path found, each proved by a test that
+//! failed before its fix and guards it now. Each test says the scenario, the consequence,
+//! and where it came from.
 //!
 //! 1. `hole_a_*`: after a failed statement cuts an account, `last_event_id` names the wrong
 //!    event: true duplicates become conflicts, true conflicts vanish as duplicates.
@@ -851,7 +849,7 @@ fn jev(account: i64, seq: i64, fail: bool) -> EventSpec {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "search: fails today on holes 1 and 8; SEEDS=n, SEED=k to replay one"]
+// The search found holes 1 and 8. SEEDS=n widens it, SEED=k replays one case.
 async fn search_random_failures_and_redeliveries() {
     use projector_engine::testkit::Lcg;
     let seeds: u64 = std::env::var("SEEDS")

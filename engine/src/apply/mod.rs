@@ -50,6 +50,10 @@ use plan::{AccountState, Decoded, StoredEvent, Work};
 pub use rounds::compose_statement;
 pub use types::{ApplyError, Batch, BatchOutcome, Counts, Disposition};
 
+/// The most waiting events of one account a batch loads (and so drains): its work stays
+/// bounded however long the account was parked.
+const DRAIN_LIMIT: i64 = 1000;
+
 /// The partition's offset row as the batch found it.
 enum Fence {
     /// Locked by this transaction, at this next offset.
@@ -257,6 +261,7 @@ impl Applier {
                 next_offset: batch.start_offset,
                 counts: Counts::default(),
                 dispositions: Vec::new(),
+                more_to_drain: Vec::new(),
             });
         };
         let next_offset = last.offset + 1;
@@ -278,6 +283,7 @@ impl Applier {
         // offset moves once, past the whole batch.
         let mut dispositions: Vec<Disposition> = Vec::with_capacity(end);
         let mut total = Counts::default();
+        let mut more_to_drain: Vec<i64> = Vec::new();
         let (mut from, mut to) = (0, end);
         let mut drain_first: Vec<i64> = Vec::new();
         let mut first = true;
@@ -371,6 +377,7 @@ impl Applier {
                 }
             }
             total += &counts;
+            more_to_drain.extend(work.more_to_drain());
             if draining {
                 continue;
             }
@@ -384,10 +391,13 @@ impl Applier {
             .zip(&dispositions)
             .map(|(m, d)| (m.offset, *d))
             .collect();
+        more_to_drain.sort_unstable();
+        more_to_drain.dedup();
         Ok(BatchOutcome {
             next_offset,
             counts: total,
             dispositions,
+            more_to_drain,
         })
     }
 
@@ -598,9 +608,21 @@ impl Applier {
             .collect();
         if !parked.is_empty() {
             let rows = tx
-                .query(queries::LOAD_WAITING, &[&self.consumer, &parked])
+                .query(
+                    queries::LOAD_WAITING,
+                    &[&self.consumer, &parked, &DRAIN_LIMIT],
+                )
                 .await
                 .map_err(self.db("loading waiting events"))?;
+            let mut loaded: HashMap<i64, i64> = HashMap::new();
+            for row in &rows {
+                *loaded.entry(row.get(0)).or_default() += 1;
+            }
+            work.truncated = loaded
+                .into_iter()
+                .filter(|(_, n)| *n >= DRAIN_LIMIT)
+                .map(|(a, _)| a)
+                .collect();
             for row in rows {
                 let message = Message::new(row.get(5), row.get(6), row.get::<_, Vec<u8>>(7));
                 work.stored.push(StoredEvent {

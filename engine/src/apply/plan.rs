@@ -114,6 +114,8 @@ pub(crate) struct Work<'b> {
     /// Accounts to plan although the batch holds none of their events: a repair drains
     /// what waits for them.
     pub extra_accounts: Vec<i64>,
+    /// Accounts with more waiting events than were loaded.
+    pub truncated: HashSet<i64>,
 }
 
 impl<'b> Work<'b> {
@@ -132,6 +134,7 @@ impl<'b> Work<'b> {
             repeated: HashSet::new(),
             live: false,
             extra_accounts: Vec::new(),
+            truncated: HashSet::new(),
             counts: Counts {
                 poison,
                 ..Counts::default()
@@ -433,6 +436,22 @@ impl<'b> Work<'b> {
             .filter(|d| **d == Disposition::Waiting)
             .count() as u64;
         self.counts += &counts;
+    }
+
+    /// Accounts whose loaded waiting events all left, with more waiting than were loaded:
+    /// the next ones may be able to follow now.
+    pub(crate) fn more_to_drain(&self) -> Vec<i64> {
+        self.accounts
+            .iter()
+            .filter(|a| self.truncated.contains(&a.account_id))
+            .filter(|a| {
+                !a.plan
+                    .waiting
+                    .values()
+                    .any(|i| matches!(i, Item::Stored(_)))
+            })
+            .map(|a| a.account_id)
+            .collect()
     }
 
     /// Where a pass over the batch must stop so that a correction is judged after the event

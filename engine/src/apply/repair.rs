@@ -74,7 +74,8 @@ impl Applier {
     }
 
     /// Records `seq` of `account` as skipped (who and why, in `projector.skips`), resolves
-    /// its open dead letters as skipped, and applies what waited behind it, in `seq` order.
+    /// its open dead letters as skipped, and applies what waited behind it, in `seq` order
+    /// (one bounded step: call [`Applier::drain_account`] for the rest).
     /// Refused unless the account waits for exactly that `seq`.
     pub async fn skip_seq(
         &self,
@@ -138,28 +139,34 @@ impl Applier {
         )
         .await
         .map_err(&err)?;
-        let counts = self.drain_in(&mut tx, account).await?;
+        // One bounded step; `drain_account` takes the rest.
+        let (counts, _) = self.drain_step(&mut tx, account).await?;
         tx.commit().await.map_err(self.db("committing"))?;
         Ok(counts)
     }
 
-    /// Applies whatever waits for `account` and can go now (its park may be stale, or a
-    /// retried dead letter filled its gap).
+    /// Applies whatever waits for `account` and can go now (its park may be stale, a
+    /// retried dead letter filled its gap, or a batch drained only its first part), one
+    /// bounded step: the bool says whether more may follow (call again).
     pub async fn drain_account(
         &self,
         client: &mut Client,
         account: i64,
-    ) -> Result<Counts, ApplyError> {
+    ) -> Result<(Counts, bool), ApplyError> {
         let mut tx = client
             .transaction()
             .await
             .map_err(self.db("beginning the transaction"))?;
-        let counts = self.drain_in(&mut tx, account).await?;
+        let (counts, more) = self.drain_step(&mut tx, account).await?;
         tx.commit().await.map_err(self.db("committing"))?;
-        Ok(counts)
+        Ok((counts, more))
     }
 
-    async fn drain_in(&self, tx: &mut Transaction<'_>, account: i64) -> Result<Counts, ApplyError> {
+    async fn drain_step(
+        &self,
+        tx: &mut Transaction<'_>,
+        account: i64,
+    ) -> Result<(Counts, bool), ApplyError> {
         let empty = Batch {
             topic: String::new(),
             partition: 0,
@@ -168,7 +175,8 @@ impl Applier {
         };
         let mut work = Work::new(&empty, Vec::new());
         work.extra_accounts.push(account);
-        self.repair_in(tx, &mut work).await
+        let counts = self.repair_in(tx, &mut work).await?;
+        Ok((counts, !work.more_to_drain().is_empty()))
     }
 
     /// The apply path without the partition's fence and offset: load (and lock) the

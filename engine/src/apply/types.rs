@@ -108,6 +108,9 @@ pub struct BatchOutcome {
     pub counts: Counts,
     /// What became of each message, by offset, in batch order.
     pub dispositions: Vec<(i64, Disposition)>,
+    /// Accounts with more waiting events than one batch drains, whose next ones may follow
+    /// now: drain them with [`crate::Applier::drain_account`] until it says none are left.
+    pub more_to_drain: Vec<i64>,
 }
 
 /// Why a batch was not applied. Nothing of it was written.

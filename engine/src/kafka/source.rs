@@ -496,6 +496,7 @@ impl Worker {
             let fetched = tokio::select! {
                 biased;
                 _ = &mut *stop => return None,
+                _ = self.shared.shutdown.cancelled() => return None,
                 m = rx.recv() => m?,
             };
             if fetched.epoch >= self.epoch {
@@ -553,9 +554,20 @@ impl Worker {
                 start_offset: start,
                 messages,
             };
+            // Later parts of a batch that was halved after an attempt timed out, the next
+            // one on top.
+            let mut later: Vec<Batch> = Vec::new();
             loop {
                 match self.apply(&batch, &mut stop).await {
-                    Applied::Committed => break,
+                    Applied::Committed => match later.pop() {
+                        Some(next) => batch = next,
+                        None => break,
+                    },
+                    Applied::Shrink => {
+                        let (first, rest) = halve(&batch);
+                        later.push(rest);
+                        batch = first;
+                    }
                     Applied::Stop => return,
                     Applied::Fenced(stored) => match resume(&batch, stored) {
                         Resume::Tail(tail) => batch = tail,
@@ -589,6 +601,7 @@ impl Worker {
         if let Some(slot) = shared.reserve(batch.messages.len()).await {
             tokio::select! {
                 _ = &mut *stop => return Applied::Stop,
+                _ = shared.shutdown.cancelled() => return Applied::Stop,
                 _ = tokio::time::sleep_until(slot) => {}
             }
         }
@@ -612,6 +625,10 @@ impl Worker {
                                 "applying a batch",
                                 "no answer from PostgreSQL within the attempt timeout",
                             );
+                            // The same work would time out the same way: try half of it.
+                            if batch.messages.len() > 1 {
+                                return Applied::Shrink;
+                            }
                             Err(None)
                         }
                     }
@@ -629,6 +646,7 @@ impl Worker {
                     shared
                         .observer
                         .committed(&consumer, self.partition, outcome.next_offset);
+                    self.drain(&outcome.more_to_drain).await;
                     return Applied::Committed;
                 }
                 Err(Some(ApplyError::Fenced { stored, start, .. })) => {
@@ -653,15 +671,72 @@ impl Worker {
             }
             tokio::select! {
                 _ = &mut *stop => return Applied::Stop,
+                // A shutdown must not wait for a batch that cannot commit: the poll thread
+                // may be blocked sending to this worker and never deliver `stop`.
+                _ = shared.shutdown.cancelled() => return Applied::Stop,
                 _ = backoff.sleep() => {}
+            }
+        }
+    }
+
+    /// Drains, step by bounded step, accounts whose waiting backlog one batch could not take
+    /// all of. A step that fails is left for the account's next batch, which drains too.
+    async fn drain(&self, accounts: &[i64]) {
+        let shared = &self.shared;
+        for &account in accounts {
+            loop {
+                let Ok(mut client) = shared.pool.get().await else {
+                    return;
+                };
+                let step = tokio::time::timeout(
+                    shared.config.attempt_timeout,
+                    shared.applier.drain_account(&mut client, account),
+                )
+                .await;
+                match step {
+                    Ok(Ok((_, true))) if !shared.shutdown.is_cancelled() => {}
+                    Ok(Ok(_)) => break,
+                    Ok(Err(e)) => {
+                        tracing::warn!(consumer = %shared.applier.consumer(), account, error = %e, "draining waiting events failed; the account's next batch drains on");
+                        break;
+                    }
+                    Err(_) => {
+                        drop(deadpool_postgres::Object::take(client));
+                        break;
+                    }
+                }
             }
         }
     }
 }
 
+/// Splits a batch in two halves; the second starts where the first ends.
+fn halve(batch: &Batch) -> (Batch, Batch) {
+    let mid = batch.messages.len() / 2;
+    let first = Batch {
+        topic: batch.topic.clone(),
+        partition: batch.partition,
+        start_offset: batch.start_offset,
+        messages: batch.messages[..mid].to_vec(),
+    };
+    let rest_start = first
+        .messages
+        .last()
+        .map_or(batch.start_offset, |m| m.offset + 1);
+    let rest = Batch {
+        topic: batch.topic.clone(),
+        partition: batch.partition,
+        start_offset: rest_start,
+        messages: batch.messages[mid..].to_vec(),
+    };
+    (first, rest)
+}
+
 /// How one batch ended.
 enum Applied {
     Committed,
+    /// Its attempt timed out: apply it in halves.
+    Shrink,
     /// Fenced: the partition is committed up to this offset.
     Fenced(i64),
     /// The worker must end.
