@@ -1,6 +1,10 @@
 -- Repairs an engineer makes: who resolved a dead letter, and why; lost seqs skipped on
 -- purpose, recorded.
 ALTER TABLE projector.dead_letters ADD COLUMN resolved_by text;
+-- superseded: a corrected event for the same account and seq was applied after it.
+ALTER TABLE projector.dead_letters DROP CONSTRAINT dead_letters_resolution_check;
+ALTER TABLE projector.dead_letters ADD CONSTRAINT dead_letters_resolution_check
+    CHECK (resolution IN ('retried', 'skipped', 'superseded'));
 ALTER TABLE projector.dead_letters ADD COLUMN resolution_note text;
 
 -- A seq an account will never receive (the log lost it, the write side never published it)

@@ -147,9 +147,9 @@ async fn partition(
             rounds.iter().map(Round::params).collect();
         let progress_params: [&(dyn ToSql + Sync); 4] = [&consumer, &accounts, &seqs, &ids];
         let owner = "ceiling";
-        let advance_params: [&(dyn ToSql + Sync); 12] = [
+        let advance_params: [&(dyn ToSql + Sync); 16] = [
             &consumer, &topic, &partition, &next, &start, &applied, &ignored, &zero, &zero, &zero,
-            &zero, &owner,
+            &zero, &owner, &zero, &zero, &zero, &zero,
         ];
         type Pending<'s> =
             Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> + Send + 's>>;

@@ -158,10 +158,9 @@ pub fn decode_envelope(message: &Message) -> Result<Event, DecodeError> {
         return Err(field("seq", format!("must be 1 or more, got {}", env.seq)));
     }
     if let Some(key) = &message.key {
-        let matches = std::str::from_utf8(key)
-            .ok()
-            .and_then(|k| k.parse::<i64>().ok())
-            .is_some_and(|k| k == env.account_id);
+        // The key must be the account id's canonical text: "042" or "+42" name the same
+        // account but hash to another partition, splitting its events across two writers.
+        let matches = key.as_slice() == env.account_id.to_string().as_bytes();
         if !matches {
             return Err(field(
                 "account_id",
@@ -737,6 +736,21 @@ mod tests {
                 "{err} should mention {needle}"
             );
         }
+    }
+
+    #[test]
+    fn a_key_must_be_the_account_id_in_its_canonical_text() {
+        let payload = r#"{"event_id":"a","type":"x","account_id":42,"seq":1,"occurred_at":"2026-11-29T10:15:00Z","data":{}}"#;
+        for key in ["042", "+42", " 42"] {
+            let m = Message::new(0, Some(key.as_bytes().to_vec()), payload);
+            let err = decode(&m).expect_err(key);
+            assert!(
+                err.to_string().contains("does not match the message key"),
+                "{err}"
+            );
+        }
+        assert!(decode(&Message::new(0, Some(b"42".to_vec()), payload)).is_ok());
+        assert!(decode(&Message::new(0, None, payload)).is_ok());
     }
 
     #[test]

@@ -26,7 +26,9 @@ pub const ADVANCE_OFFSET: &str =
     "UPDATE projector.offsets SET next_offset = $4, updated_at = now(), \
      applied = applied + $6, ignored = ignored + $7, duplicates = duplicates + $8, \
      dead_lettered = dead_lettered + $9, waiting = waiting + $10, drained = drained + $11, \
-     committed_by = $12 \
+     committed_by = $12, \
+     dup_seq = dup_seq + $13, dup_watermark = dup_watermark + $14, \
+     dup_inbox = dup_inbox + $15, dup_version_filter = dup_version_filter + $16 \
      WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $5";
 
 /// The stored offset of a partition, for seeking on assignment.
@@ -147,6 +149,16 @@ pub const RELABEL_PARKS: &str = "UPDATE projector.parked_accounts k \
                          WHERE consumer = $1 AND account_id = x.a AND seq = x.s AND resolved_at IS NULL \
                          ORDER BY id DESC LIMIT 1) d \
      WHERE k.consumer = $1 AND k.account_id = x.a AND k.blocked_seq = x.s";
+
+/// Dead letters whose account and `seq` an applied event now holds (the producer republished
+/// the event corrected): resolved as superseded, so the open dead letters are the ones that
+/// still need an engineer. Conflicts stay open: they are write-side bugs. Sent with every
+/// batch: a probe of a partial index that holds only open dead letters, nearly always empty.
+pub const RESOLVE_SUPERSEDED: &str = "UPDATE projector.dead_letters \
+     SET resolved_at = now(), resolution = 'superseded', resolved_by = 'projector', \
+         resolution_note = 'a later event for the same seq was applied' \
+     WHERE consumer = $1 AND resolved_at IS NULL AND kind IN ('poison', 'apply_failed') \
+       AND (account_id, seq) IN (SELECT * FROM unnest($2::bigint[], $3::bigint[]))";
 
 /// Accounts whose wait is over.
 pub const UNPARK_ACCOUNTS: &str =

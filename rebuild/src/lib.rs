@@ -325,7 +325,14 @@ async fn target(
             }
             v
         }
-        None => versions.iter().map(|r| r.version).max().unwrap_or(0) + 1,
+        // A version registered as building (both versions compiled in, `migrate` installed
+        // the new one) is the one to build; else the next free number.
+        None => versions
+            .iter()
+            .filter(|r| r.state == "building" && !r.dropped)
+            .map(|r| r.version)
+            .max()
+            .unwrap_or_else(|| versions.iter().map(|r| r.version).max().unwrap_or(0) + 1),
     };
     Ok((version, options.source))
 }

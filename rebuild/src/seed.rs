@@ -8,6 +8,8 @@
 //! leaves nothing: the next run seeds again. Events at or below an account's watermark are
 //! skipped by the engine, so the tail's overlap with the snapshot is harmless; the margin
 //! covers clock skew between the write side and the producers that stamp Kafka's times.
+//! The tail never starts past the log's end as read just before the snapshot: whatever was
+//! published after that moment may be missing from the snapshot, so it is read.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +44,16 @@ pub async fn from_snapshot(
     margin: Duration,
 ) -> Result<Seeded, RebuildError> {
     let consumer = view.consumer();
+    // The log's ends read before the snapshot is taken: every event below them was published,
+    // so committed on the write side, before the snapshot began, and the snapshot holds its
+    // effect. The tail may start there whatever the clocks say; the time lookup can only move
+    // the start earlier (brokers that do not answer it, like the dev broker, answer the end).
+    let before = {
+        let config = kafka.clone();
+        tokio::task::spawn_blocking(move || Log::connect(&config)?.extents())
+            .await
+            .map_err(|e| RebuildError::Tail(e.to_string()))??
+    };
     let tx = client
         .build_transaction()
         .isolation_level(IsolationLevel::RepeatableRead)
@@ -80,7 +92,16 @@ pub async fn from_snapshot(
     let offsets = tokio::task::spawn_blocking(move || Log::connect(&config)?.offsets_at(from_ms))
         .await
         .map_err(|e| RebuildError::Tail(e.to_string()))??;
-    let (partitions, starts): (Vec<i32>, Vec<i64>) = offsets.iter().map(|(p, o)| (*p, *o)).unzip();
+    let (partitions, starts): (Vec<i32>, Vec<i64>) = offsets
+        .iter()
+        .map(|(p, o)| {
+            let end_before = before
+                .iter()
+                .find(|e| e.partition == *p)
+                .map_or(*o, |e| e.high);
+            (*p, (*o).min(end_before))
+        })
+        .unzip();
     tx.execute(
         "INSERT INTO projector.offsets (consumer, topic, partition, next_offset) \
          SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS x(p, o) \

@@ -771,4 +771,14 @@ async fn a_correction_of_a_waiting_event_that_fails_as_it_drains_releases_the_ac
     let dead = dead_letters(&client, "trail_v1").await;
     assert_eq!(dead.len(), 1, "the failed original is dead-lettered");
     assert_eq!((dead[0].0, dead[0].1.as_str()), (1, "apply_failed"));
+    let resolution: Option<String> = client
+        .query_one("SELECT resolution FROM projector.dead_letters", &[])
+        .await
+        .expect("resolution")
+        .get(0);
+    assert_eq!(
+        resolution.as_deref(),
+        Some("superseded"),
+        "the correction resolves the dead letter it replaced"
+    );
 }

@@ -77,6 +77,10 @@ impl Advance<'_> {
                 &as_i64(counts.waiting),
                 &as_i64(counts.drained),
                 &owner,
+                &as_i64(counts.dup_seq),
+                &as_i64(counts.dup_watermark),
+                &as_i64(counts.dup_inbox),
+                &as_i64(counts.dup_version_filter),
             ],
         )
         .await
@@ -149,6 +153,9 @@ struct Rows<'a> {
     unparks: Vec<i64>,
     /// Poison of accounts the batch holds no sound event of: (account, seq).
     relabel: (Vec<i64>, Vec<i64>),
+    /// The (account, seq) of every event this batch applied: open dead letters of the same
+    /// seq are superseded.
+    superseded: (Vec<i64>, Vec<i64>),
     /// Accounts whose `last_seq` moved: (account, last seq, event holding it).
     progress: (Vec<i64>, Vec<i64>, Vec<Option<&'a str>>),
 }
@@ -228,6 +235,14 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
                     .push(acc.account_id, seq, &ev.event_id, work.source(item));
             }
         }
+        let failed: std::collections::HashSet<usize> =
+            acc.failures.iter().map(|(k, _)| *k).collect();
+        for (k, &(seq, item)) in acc.plan.emitted.iter().enumerate() {
+            if !failed.contains(&k) && work.event(item).is_some() {
+                rows.superseded.0.push(acc.account_id);
+                rows.superseded.1.push(seq);
+            }
+        }
         match acc.blocked_seq() {
             Some(blocked) => {
                 rows.parks.0.push(acc.account_id);
@@ -273,6 +288,7 @@ impl Applier {
             unpark,
             save,
             advance_stmt,
+            superseded,
         ) = futures::try_join!(
             prepare(queries::INSERT_DEAD_LETTERS),
             prepare(queries::INSERT_WAITING),
@@ -282,6 +298,7 @@ impl Applier {
             prepare(queries::UNPARK_ACCOUNTS),
             prepare(queries::SAVE_PROGRESS),
             prepare(queries::ADVANCE_OFFSET),
+            prepare(queries::RESOLVE_SUPERSEDED),
         )
         .map_err(&err)?;
 
@@ -353,6 +370,10 @@ impl Applier {
                 .await
         };
         let unparks = async {
+            if !rows.superseded.0.is_empty() {
+                tx.execute(&superseded, &[c, &rows.superseded.0, &rows.superseded.1])
+                    .await?;
+            }
             let relabelled = if rows.relabel.0.is_empty() {
                 0
             } else {
