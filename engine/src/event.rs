@@ -317,6 +317,56 @@ fn check_jsonb_number(number: &str) -> Result<(), DecodeError> {
     Ok(())
 }
 
+/// A declared field's value for one event ([`crate::projection::Field`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldValue {
+    /// A text field: `None` when absent or null.
+    Text(Option<String>),
+    /// A decimal field: `None` when absent or null.
+    Decimal(Option<Decimal>),
+    /// The whole `data` object: the event's `data` text.
+    Data,
+}
+
+/// Reads the declared fields of an event's `data`. A field with the wrong JSON type (a text
+/// field holding a number, a decimal that is not exact) is an error: the event is poison for
+/// the view that declared it.
+pub fn extract_fields(
+    event: &Event,
+    fields: &[crate::projection::Field],
+) -> Result<Vec<FieldValue>, DecodeError> {
+    use crate::projection::Field;
+    if fields.iter().all(|f| *f == Field::Data) {
+        return Ok(fields.iter().map(|_| FieldValue::Data).collect());
+    }
+    let map: std::collections::HashMap<String, &RawValue> = serde_json::from_str(&event.data)
+        .map_err(|e| DecodeError::Envelope(format!("data: {e}")))?;
+    fields
+        .iter()
+        .map(|f| {
+            let raw = map.get(f.column()).filter(|r| r.get() != "null");
+            Ok(match *f {
+                Field::Data => FieldValue::Data,
+                Field::Text(name) => FieldValue::Text(match raw {
+                    None => None,
+                    Some(r) => {
+                        let text: String = serde_json::from_str(r.get())
+                            .map_err(|_| field(name, "must be a string"))?;
+                        if text.contains('\0') {
+                            return Err(field(name, "must not contain the NUL character"));
+                        }
+                        Some(text)
+                    }
+                }),
+                Field::Decimal(name) => FieldValue::Decimal(match raw {
+                    None => None,
+                    Some(r) => Some(exact_decimal(name, r)?),
+                }),
+            })
+        })
+        .collect()
+}
+
 /// What a poison message's envelope still yields, for the dead-letter row: an operator must
 /// see which account a dead letter blocks. Lenient: any field that is missing or of the
 /// wrong type is `None`, and text is rendered safe to store.

@@ -55,6 +55,49 @@ pub enum SourceOrdering {
     Unordered,
 }
 
+/// A field of an event's `data` that a view reads. The engine decodes it once, in Rust, and
+/// hands it to the statement as a typed column of `batch` and `ev`, named after the field:
+/// no JSON is parsed in SQL, and a decimal arrives as the exact `numeric` the engine checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Field {
+    /// `data.<name>`, a JSON string, as `text` (NULL when absent).
+    Text(&'static str),
+    /// `data.<name>`, a decimal string or JSON number read exactly, as `numeric` (NULL when
+    /// absent).
+    Decimal(&'static str),
+    /// The whole `data` object as `jsonb`, column `data`: for views that read what they
+    /// cannot declare. It costs a JSON parse per event in PostgreSQL.
+    Data,
+}
+
+impl Field {
+    /// The column's name in `batch` and `ev`.
+    pub fn column(self) -> &'static str {
+        match self {
+            Field::Text(n) | Field::Decimal(n) => n,
+            Field::Data => "data",
+        }
+    }
+
+    /// The column's SQL type as its array parameter arrives.
+    pub(crate) fn sql_array(self) -> &'static str {
+        match self {
+            Field::Text(_) | Field::Data => "text[]",
+            Field::Decimal(_) => "numeric[]",
+        }
+    }
+}
+
+/// The columns every `ev` has, whatever fields a view declares.
+pub const ENVELOPE_COLUMNS: [&str; 6] = [
+    "event_id",
+    "account_id",
+    "seq",
+    "type",
+    "occurred_at",
+    "emit",
+];
+
 /// A view's apply statement, in two parts the engine composes into one SQL statement:
 ///
 /// ```sql
@@ -66,9 +109,9 @@ pub enum SourceOrdering {
 /// ```
 ///
 /// `ev` has the columns `event_id text, account_id bigint, seq bigint, type text,
-/// occurred_at timestamptz, data jsonb, emit boolean`, and holds only events that are new to
-/// this view version and of a type it subscribes to (`emit`: see
-/// [`Projection::notices_sql`]). Unless the view is order-independent, `ev` holds
+/// occurred_at timestamptz, emit boolean` and one column per [`Field`] the view declares
+/// ([`Projection::fields`]), and holds only events that are new to this view version and of
+/// a type it subscribes to (`emit`: see [`Projection::notices_sql`]). Unless the view is order-independent, `ev` holds
 /// at most one event per account. `{v}` in either part is replaced by the view's version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApplySql {
@@ -103,6 +146,13 @@ pub trait Projection: Send + Sync + 'static {
     /// instead of splitting it into key-disjoint rounds.
     fn order_independent(&self) -> bool {
         false
+    }
+
+    /// The fields of `data` the view reads, each a column of `ev`. The default is the whole
+    /// object as `jsonb` (`Field::Data`); declaring typed fields spares PostgreSQL the JSON.
+    /// A subscribed event whose field has the wrong JSON type is poison for the view.
+    fn fields(&self) -> Vec<Field> {
+        vec![Field::Data]
     }
 
     /// DDL creating the view's tables; must be idempotent (`IF NOT EXISTS`).
@@ -208,6 +258,9 @@ pub enum ViewError {
     /// A version filter without per-account ordering would drop late events as stale.
     #[error("view {0} asks for the version filter, but the source does not declare per-account ordering; use DedupMode::Inbox or an ordered source")]
     VersionFilterNeedsOrdering(String),
+    /// A declared field is named like a column every `ev` has, or declared twice.
+    #[error("view {0}: field {1:?} clashes with a column of ev; rename it")]
+    BadField(String, String),
     /// An order-dependent fold over unordered events gives wrong rows.
     #[error("view {0} depends on event order, but the source does not declare per-account ordering; only order-independent views can read an unordered source")]
     OrderNeedsOrdering(String),
@@ -231,6 +284,15 @@ pub fn check_compatible(
     projection: &dyn Projection,
     ordering: SourceOrdering,
 ) -> Result<(), ViewError> {
+    let mut seen = std::collections::HashSet::new();
+    for f in projection.fields() {
+        if ENVELOPE_COLUMNS.contains(&f.column()) || !seen.insert(f.column()) {
+            return Err(ViewError::BadField(
+                projection.consumer(),
+                f.column().to_owned(),
+            ));
+        }
+    }
     if ordering == SourceOrdering::Unordered {
         if projection.dedup().uses_version_filter() {
             return Err(ViewError::VersionFilterNeedsOrdering(projection.consumer()));

@@ -194,17 +194,18 @@ pub const ROLLBACK_BATCH_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT projector_batc
 pub const UNDO_BATCH_SAVEPOINT: &str =
     "ROLLBACK TO SAVEPOINT projector_batch; RELEASE SAVEPOINT projector_batch";
 
-/// Opens the engine's prefix of every view statement: the batch as a relation, the inbox
-/// insert, and `ev`, the events this view version has not applied yet. `{inbox}` is replaced
-/// by the inbox CTE or by a pass-through for views without one.
-///
-/// `emit` says whether the event may emit notices: this version is live and the event lies
-/// past the boundary its cutover set (see [`VIEW_IS_LIVE`]).
-pub const STATEMENT_PREFIX: &str = "WITH batch AS (\
-     SELECT b.event_id, b.account_id, b.seq, b.type, b.occurred_at, b.data::jsonb AS data, b.emit \
-     FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::timestamptz[], $7::text[], \
-                 $8::boolean[]) \
-          AS b(event_id, account_id, seq, type, occurred_at, data, emit)), ";
+/// The envelope's columns of every view statement's `batch`: `$2` to `$7`; the view's fields
+/// follow from `$8` (`apply::compose_statement`). `emit` says whether the event may emit
+/// notices: this version is live and the event lies past the boundary its cutover set (see
+/// [`VIEW_IS_LIVE`]).
+pub const BATCH_ENVELOPE: [(&str, &str); 6] = [
+    ("event_id", "text[]"),
+    ("account_id", "bigint[]"),
+    ("seq", "bigint[]"),
+    ("type", "text[]"),
+    ("occurred_at", "timestamptz[]"),
+    ("emit", "boolean[]"),
+];
 
 /// Whether this view version is live, for a view that emits notices, held shared until the
 /// batch commits: a cutover locks the row for update, so it waits for every batch in flight

@@ -39,9 +39,9 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
 use tracing::Instrument;
 
-use crate::event::{check_data, decode_envelope, salvage, Event, Message};
+use crate::event::{check_data, decode_envelope, extract_fields, salvage, Event, Message};
 use crate::metrics::ViewMetrics;
-use crate::projection::{check_compatible, Projection, SourceOrdering, ViewError};
+use crate::projection::{check_compatible, Field, Projection, SourceOrdering, ViewError};
 use crate::queries;
 
 use bookkeeping::Advance;
@@ -106,6 +106,8 @@ pub struct Applier {
     owner: String,
     /// The view emits notices: each batch reads (and holds shared) whether it is live.
     emits: bool,
+    /// The fields of `data` the view reads, decoded here, passed as typed columns.
+    fields: Vec<Field>,
 }
 
 impl std::fmt::Debug for Applier {
@@ -128,6 +130,7 @@ impl Applier {
         let consumer = projection.consumer();
         let ordered = !projection.order_independent();
         let emits = projection.notices_sql().is_some();
+        let fields = projection.fields();
         let tracking = match (ordering, ordered) {
             (SourceOrdering::Unordered, _) => Tracking::None,
             (SourceOrdering::PerAccount, false) => Tracking::Watermark,
@@ -147,6 +150,7 @@ impl Applier {
             projection,
             owner: default_owner(),
             emits,
+            fields,
         })
     }
 
@@ -423,21 +427,25 @@ impl Applier {
     /// account's `seq` whatever its data holds.
     fn decode(&self, message: &Message) -> Decoded {
         let checked = decode_envelope(message).and_then(|event| {
-            if self.sends(&event) {
-                check_data(&event)?;
+            if !self.sends(&event) {
+                return Ok((event, Vec::new()));
             }
-            Ok(event)
+            check_data(&event)?;
+            let values = extract_fields(&event, &self.fields)?;
+            Ok((event, values))
         });
-        let result = checked.map_err(|e| e.to_string()).and_then(|event| {
-            if self.sends(&event) {
-                self.projection
-                    .validate(&event)
-                    .map_err(|e| format!("rejected by view {}: {e}", self.consumer))?;
-            }
-            Ok(event)
-        });
+        let result = checked
+            .map_err(|e| e.to_string())
+            .and_then(|(event, values)| {
+                if self.sends(&event) {
+                    self.projection
+                        .validate(&event)
+                        .map_err(|e| format!("rejected by view {}: {e}", self.consumer))?;
+                }
+                Ok((event, values))
+            });
         match result {
-            Ok(event) => Decoded::Event(event),
+            Ok((event, values)) => Decoded::Event(event, values),
             Err(error) => Decoded::Poison {
                 error,
                 salvage: salvage(&message.payload),

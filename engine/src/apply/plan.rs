@@ -7,14 +7,15 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::apply::types::{Batch, Counts, Disposition};
-use crate::event::{Event, Message, Salvage};
+use crate::event::{Event, FieldValue, Message, Salvage};
 use crate::sequencer::{self, Item, Verdict};
 
 /// A message as this view version sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Decoded {
-    /// A sound envelope, and sound data when the view subscribes to its type.
-    Event(Event),
+    /// A sound envelope, and sound data when the view subscribes to its type, with the
+    /// values of the fields the view declares (empty for a type it does not read).
+    Event(Event, Vec<FieldValue>),
     /// Poison for this view: dead-lettered with what its envelope still yields.
     Poison {
         /// Why, for the dead-letter row.
@@ -25,9 +26,16 @@ pub(crate) enum Decoded {
 }
 
 impl Decoded {
+    pub(crate) fn values(&self) -> &[FieldValue] {
+        match self {
+            Decoded::Event(_, values) => values,
+            Decoded::Poison { .. } => &[],
+        }
+    }
+
     pub(crate) fn event(&self) -> Option<&Event> {
         match self {
-            Decoded::Event(e) => Some(e),
+            Decoded::Event(e, _) => Some(e),
             Decoded::Poison { .. } => None,
         }
     }
@@ -153,6 +161,14 @@ impl<'b> Work<'b> {
         ids.sort_unstable();
         ids.dedup();
         ids
+    }
+
+    /// The declared fields' values of an item's event.
+    pub(crate) fn values(&self, item: Item) -> &[FieldValue] {
+        match item {
+            Item::Batch(i) => self.decoded[i].values(),
+            Item::Stored(i) => self.stored[i].decoded.values(),
+        }
     }
 
     pub(crate) fn event(&self, item: Item) -> Option<&Event> {
@@ -609,7 +625,7 @@ mod tests {
     fn decoded(b: &Batch) -> Vec<Decoded> {
         b.messages
             .iter()
-            .map(|m| Decoded::Event(decode(m).expect("valid")))
+            .map(|m| Decoded::Event(decode(m).expect("valid"), Vec::new()))
             .collect()
     }
 

@@ -11,13 +11,15 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Transaction;
 use futures::future::try_join_all;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
 
 use crate::apply::plan::Work;
 use crate::apply::types::{ApplyError, Counts};
 use crate::apply::Applier;
 use crate::event::Event;
-use crate::projection::{render, Projection};
+use crate::event::FieldValue;
+use crate::projection::{render, Field, Projection};
 use crate::queries;
 
 /// One event of a round: (account index, index into that account's emitted events).
@@ -27,7 +29,31 @@ pub(crate) type Slot = (usize, usize);
 /// write, and a final count of events seen and rows written.
 pub fn compose_statement(projection: &dyn Projection) -> String {
     let sql = projection.apply_sql();
-    let mut s = String::from(queries::STATEMENT_PREFIX);
+    let fields = projection.fields();
+    let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
+    let mut select = Vec::new();
+    let mut arrays = Vec::new();
+    let mut names = Vec::new();
+    for (i, (name, ty)) in queries::BATCH_ENVELOPE.iter().enumerate() {
+        select.push(format!("b.{}", quote(name)));
+        arrays.push(format!("${}::{ty}", i + 2));
+        names.push(quote(name));
+    }
+    for (k, f) in fields.iter().enumerate() {
+        let n = queries::BATCH_ENVELOPE.len() + 2 + k;
+        arrays.push(format!("${n}::{}", f.sql_array()));
+        names.push(quote(f.column()));
+        select.push(match f {
+            Field::Data => "b.data::jsonb AS data".to_owned(),
+            _ => format!("b.{}", quote(f.column())),
+        });
+    }
+    let mut s = format!(
+        "WITH batch AS (SELECT {} FROM unnest({}) AS b({})), ",
+        select.join(", "),
+        arrays.join(", "),
+        names.join(", ")
+    );
     s.push_str(if projection.dedup().uses_inbox() {
         queries::INBOX_CTES
     } else {
@@ -55,7 +81,7 @@ pub fn compose_statement(projection: &dyn Projection) -> String {
     s
 }
 
-/// The parameters `$2..$7` of the statement: one array per column of `batch`.
+/// The parameters of the statement from `$2`: one array per column of `batch`.
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Columns<'a> {
     pub ids: Vec<&'a str>,
@@ -63,24 +89,77 @@ pub(crate) struct Columns<'a> {
     pub seqs: Vec<i64>,
     pub types: Vec<&'a str>,
     pub times: Vec<DateTime<Utc>>,
-    pub data: Vec<&'a str>,
     pub emit: Vec<bool>,
+    /// One column per declared field, in declaration order.
+    pub fields: Vec<FieldColumn<'a>>,
+}
+
+/// One declared field's column.
+#[derive(Debug, PartialEq)]
+pub(crate) enum FieldColumn<'a> {
+    Text(Vec<Option<&'a str>>),
+    Decimal(Vec<Option<rust_decimal::Decimal>>),
+    /// The `data` text, cast to `jsonb` in SQL.
+    Data(Vec<&'a str>),
 }
 
 impl<'a> Columns<'a> {
-    /// The columns of `events`, each with whether it may emit notices.
-    pub(crate) fn new<I: IntoIterator<Item = (&'a Event, bool)>>(events: I) -> Self {
-        let mut c = Columns::default();
-        for (ev, emit) in events {
+    /// The columns of `events` (each with its fields' values and whether it may emit
+    /// notices), for a view that declares `fields`.
+    pub(crate) fn new<I>(fields: &[Field], events: I) -> Self
+    where
+        I: IntoIterator<Item = (&'a Event, &'a [FieldValue], bool)>,
+    {
+        let mut c = Columns {
+            fields: fields
+                .iter()
+                .map(|f| match f {
+                    Field::Text(_) => FieldColumn::Text(Vec::new()),
+                    Field::Decimal(_) => FieldColumn::Decimal(Vec::new()),
+                    Field::Data => FieldColumn::Data(Vec::new()),
+                })
+                .collect(),
+            ..Columns::default()
+        };
+        for (ev, values, emit) in events {
             c.ids.push(&ev.event_id);
             c.accounts.push(ev.account_id);
             c.seqs.push(ev.seq);
             c.types.push(&ev.event_type);
             c.times.push(ev.occurred_at);
-            c.data.push(&ev.data);
             c.emit.push(emit);
+            for (k, column) in c.fields.iter_mut().enumerate() {
+                match (column, values.get(k)) {
+                    (FieldColumn::Text(v), Some(FieldValue::Text(t))) => v.push(t.as_deref()),
+                    (FieldColumn::Decimal(v), Some(FieldValue::Decimal(d))) => v.push(*d),
+                    (FieldColumn::Data(v), _) => v.push(&ev.data),
+                    (FieldColumn::Text(v), _) => v.push(None),
+                    (FieldColumn::Decimal(v), _) => v.push(None),
+                }
+            }
         }
         c
+    }
+
+    /// The statement's parameters: the consumer name, then every column.
+    pub(crate) fn params<'s>(&'s self, consumer: &'s String) -> Vec<&'s (dyn ToSql + Sync)> {
+        let mut p: Vec<&(dyn ToSql + Sync)> = vec![
+            consumer,
+            &self.ids,
+            &self.accounts,
+            &self.seqs,
+            &self.types,
+            &self.times,
+            &self.emit,
+        ];
+        for column in &self.fields {
+            p.push(match column {
+                FieldColumn::Text(v) => v,
+                FieldColumn::Decimal(v) => v,
+                FieldColumn::Data(v) => v,
+            });
+        }
+        p
     }
 }
 
@@ -144,27 +223,17 @@ impl Applier {
         work: &Work<'_>,
         round: &[Slot],
     ) -> Result<(i64, i64, i64), tokio_postgres::Error> {
-        let c = Columns::new(round.iter().filter_map(|&(a, k)| {
-            let acc = &work.accounts[a];
-            let event = work.event(acc.plan.emitted[k].1)?;
-            let past = acc.initial.emit_after.is_none_or(|after| event.seq > after);
-            Some((event, work.live && past))
-        }));
-        let row = tx
-            .query_one(
-                statement,
-                &[
-                    &self.consumer,
-                    &c.ids,
-                    &c.accounts,
-                    &c.seqs,
-                    &c.types,
-                    &c.times,
-                    &c.data,
-                    &c.emit,
-                ],
-            )
-            .await?;
+        let c = Columns::new(
+            &self.fields,
+            round.iter().filter_map(|&(a, k)| {
+                let acc = &work.accounts[a];
+                let item = acc.plan.emitted[k].1;
+                let event = work.event(item)?;
+                let past = acc.initial.emit_after.is_none_or(|after| event.seq > after);
+                Some((event, work.values(item), work.live && past))
+            }),
+        );
+        let row = tx.query_one(statement, &c.params(&self.consumer)).await?;
         Ok((row.get(0), row.get(1), row.get(2)))
     }
 
@@ -340,7 +409,27 @@ mod tests {
                 data: "{}".to_owned(),
             },
         ];
-        let c = Columns::new(events.iter().zip([true, false]));
+        let values = [
+            vec![
+                FieldValue::Text(Some("EURUSD".to_owned())),
+                FieldValue::Decimal(Some(rust_decimal::Decimal::new(15, 1))),
+                FieldValue::Data,
+            ],
+            vec![
+                FieldValue::Text(None),
+                FieldValue::Decimal(None),
+                FieldValue::Data,
+            ],
+        ];
+        let fields = [Field::Text("symbol"), Field::Decimal("qty"), Field::Data];
+        let c = Columns::new(
+            &fields,
+            events
+                .iter()
+                .zip(&values)
+                .zip([true, false])
+                .map(|((e, v), emit)| (e, v.as_slice(), emit)),
+        );
         assert_eq!(c.ids, ["b", "a"]);
         assert_eq!(c.accounts, [2, 1]);
         assert_eq!(c.seqs, [7, 3]);
@@ -349,8 +438,59 @@ mod tests {
             c.times,
             [at("2026-11-29T10:15:00Z"), at("2026-11-30T00:00:00Z")]
         );
-        assert_eq!(c.data, ["{\"x\":1}", "{}"]);
+        assert_eq!(
+            c.fields,
+            [
+                FieldColumn::Text(vec![Some("EURUSD"), None]),
+                FieldColumn::Decimal(vec![Some(rust_decimal::Decimal::new(15, 1)), None]),
+                FieldColumn::Data(vec!["{\"x\":1}", "{}"]),
+            ]
+        );
         assert_eq!(c.emit, [true, false]);
-        assert_eq!(Columns::new([]), Columns::default());
+        assert_eq!(c.params(&"v_1".to_owned()).len(), 10);
+        assert_eq!(Columns::new(&[], []), Columns::default());
+    }
+
+    #[test]
+    fn the_batch_has_a_typed_column_per_declared_field() {
+        struct V;
+        impl Projection for V {
+            fn name(&self) -> &str {
+                "v"
+            }
+            fn version(&self) -> i32 {
+                1
+            }
+            fn subscribes(&self) -> &[&str] {
+                &["t"]
+            }
+            fn dedup(&self) -> crate::projection::DedupMode {
+                crate::projection::DedupMode::Inbox
+            }
+            fn fields(&self) -> Vec<Field> {
+                vec![Field::Text("symbol"), Field::Decimal("qty")]
+            }
+            fn ddl(&self) -> String {
+                String::new()
+            }
+            fn tables(&self) -> Vec<String> {
+                Vec::new()
+            }
+            fn apply_sql(&self) -> crate::projection::ApplySql {
+                crate::projection::ApplySql {
+                    ctes: String::new(),
+                    write: "SELECT 1 FROM ev".to_owned(),
+                }
+            }
+            fn read_sql(&self) -> String {
+                String::new()
+            }
+        }
+        let s = compose_statement(&V);
+        assert!(
+            s.starts_with("WITH batch AS (SELECT b.\"event_id\", b.\"account_id\", b.\"seq\", b.\"type\", b.\"occurred_at\", b.\"emit\", b.\"symbol\", b.\"qty\" FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::timestamptz[], $7::boolean[], $8::text[], $9::numeric[])"),
+            "{s}"
+        );
+        assert!(!s.contains("jsonb"));
     }
 }
