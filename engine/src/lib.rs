@@ -35,5 +35,5 @@ pub mod testkit;
 
 pub use apply::{Applier, ApplyError, Batch, BatchOutcome, Counts, Disposition};
 pub use event::{account_key, decode, decode_envelope, DecodeError, Event, Message};
-pub use projection::{ApplySql, DedupMode, Projection, Registry, SourceOrdering, ViewError};
+pub use projection::{ApplySql, DedupMode, Field, Projection, Registry, SourceOrdering, ViewError};
 pub use schema::{migrate, MigrateReport, SchemaError};

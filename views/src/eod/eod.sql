@@ -31,16 +31,16 @@ eod_leg AS (
            -- The UTC date, whatever the session's time zone.
            (ev.occurred_at AT TIME ZONE 'UTC')::date AS trading_day,
            ev.type,
-           ev.data->>'side' AS side,
+           ev.side AS side,
            -- A bust takes back its fill's quantity and notional, on the fill's side. The bust
            -- carries no date of its fill, so it is booked on its own day.
            CASE ev.type WHEN 'fill_busted' THEN -1 ELSE 1 END AS direction,
-           (ev.data->>'qty')::numeric AS qty,
-           (ev.data->>'price')::numeric AS price,
+           ev.qty AS qty,
+           ev.price AS price,
            -- A fill's fee is optional (absent = 0). A bust carries none, and the busted fill's
            -- fee stays: a refund, if any, is a cash movement of its own.
-           CASE ev.type WHEN 'fill_executed' THEN coalesce((ev.data->>'fee')::numeric, 0) END AS fee,
-           CASE ev.type WHEN 'cash_adjusted' THEN (ev.data->>'amount')::numeric END AS amount
+           CASE ev.type WHEN 'fill_executed' THEN coalesce(ev.fee, 0) END AS fee,
+           CASE ev.type WHEN 'cash_adjusted' THEN ev.amount END AS amount
     FROM ev
 ),
 eod_day AS (

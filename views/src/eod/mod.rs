@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use projector_engine::event::{CASH_ADJUSTED, FILL_BUSTED, FILL_EXECUTED};
-use projector_engine::{ApplySql, DedupMode, Projection};
+use projector_engine::{ApplySql, DedupMode, Field, Projection};
 
 use crate::sql::SqlFile;
 
@@ -54,6 +54,17 @@ impl Projection for Eod {
 
     fn order_independent(&self) -> bool {
         true
+    }
+
+    fn fields(&self) -> Vec<Field> {
+        // Decoded once by the engine, as typed columns of `ev`: no JSON parsed in SQL.
+        vec![
+            Field::Text("side"),
+            Field::Decimal("qty"),
+            Field::Decimal("price"),
+            Field::Decimal("fee"),
+            Field::Decimal("amount"),
+        ]
     }
 
     fn ddl(&self) -> String {

@@ -27,10 +27,10 @@ pf_trade AS (
     SELECT ev.account_id,
            ev.seq,
            ev.occurred_at,
-           ev.data->>'symbol' AS symbol,
-           CASE WHEN (ev.data->>'side' = 'buy') = (ev.type = 'fill_executed') THEN 1 ELSE -1 END AS s,
-           (ev.data->>'qty')::numeric AS x,
-           (ev.data->>'price')::numeric AS p
+           ev.symbol AS symbol,
+           CASE WHEN (ev.side = 'buy') = (ev.type = 'fill_executed') THEN 1 ELSE -1 END AS s,
+           ev.qty AS x,
+           ev.price AS p
     FROM ev
 ),
 -- The position before the event: q, a, r. A symbol never traded is flat with nothing realized.

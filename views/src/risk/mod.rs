@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use projector_engine::event::{FILL_BUSTED, FILL_EXECUTED};
-use projector_engine::{ApplySql, DedupMode, Projection};
+use projector_engine::{ApplySql, DedupMode, Field, Projection};
 
 use crate::sql::SqlFile;
 
@@ -48,6 +48,16 @@ impl Projection for Risk {
 
     fn dedup(&self) -> DedupMode {
         DedupMode::Inbox
+    }
+
+    fn fields(&self) -> Vec<Field> {
+        // Decoded once by the engine, as typed columns of `ev`: no JSON parsed in SQL.
+        vec![
+            Field::Text("symbol"),
+            Field::Text("side"),
+            Field::Decimal("qty"),
+            Field::Decimal("price"),
+        ]
     }
 
     fn ddl(&self) -> String {

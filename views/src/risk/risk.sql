@@ -42,10 +42,10 @@ CREATE TABLE IF NOT EXISTS risk_v{v} (
 rk_trade AS (
     SELECT ev.account_id,
            ev.seq,
-           ev.data->>'symbol' AS symbol,
-           CASE WHEN (ev.data->>'side' = 'buy') = (ev.type = 'fill_executed') THEN 1 ELSE -1 END
-               * (ev.data->>'qty')::numeric AS d,
-           (ev.data->>'price')::numeric AS p
+           ev.symbol AS symbol,
+           CASE WHEN (ev.side = 'buy') = (ev.type = 'fill_executed') THEN 1 ELSE -1 END
+               * ev.qty AS d,
+           ev.price AS p
     FROM ev
 ),
 -- Rounds give at most one event per account, so each statement moves one symbol per account.
