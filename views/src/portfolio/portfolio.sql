@@ -8,7 +8,8 @@
 -- name: ddl
 CREATE TABLE IF NOT EXISTS portfolio_v{v} (
     account_id    bigint      NOT NULL,
-    symbol        text        NOT NULL,
+    -- Byte order: a key compared on every upsert needs no locale.
+    symbol        text        COLLATE "C" NOT NULL,
     -- Signed: long > 0, short < 0. A flat position keeps its row: it carries realized P&L.
     net_qty       numeric     NOT NULL,
     -- Always exactly 10 decimal places, so its text is the same whatever path set it.

@@ -15,7 +15,7 @@
 -- name: ddl
 CREATE TABLE IF NOT EXISTS risk_positions_v{v} (
     account_id bigint  NOT NULL,
-    symbol     text    NOT NULL,
+    symbol     text    COLLATE "C" NOT NULL,
     -- Signed; flat positions keep their row (net_qty = 0) and count for nothing.
     net_qty    numeric NOT NULL,
     -- The price of the account's latest fill or bust in this symbol.
