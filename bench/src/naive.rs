@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 use projector_devkit::devbroker::ConsumedMessage;
 use projector_engine::projection::render;
-use projector_engine::{decode, queries, Message, Projection};
+use projector_engine::{decode, queries, Field, Message, Projection};
 use projector_views::Portfolio;
 
 use crate::error::{stop, BenchError, Doing as _};
@@ -27,13 +27,24 @@ pub struct Naive {
 }
 
 /// The textbook statement for one event: `$1` the consumer, `$2..$7` the event.
+/// The view's declared fields are read from the `jsonb` in SQL, as a first consumer would.
 fn statement(view: &dyn Projection) -> String {
     let sql = view.apply_sql();
+    let fields: String = view
+        .fields()
+        .into_iter()
+        .filter_map(|f| match f {
+            Field::Text(n) => Some(format!(", (b.data->>'{n}') AS {n}")),
+            Field::Decimal(n) => Some(format!(", (b.data->>'{n}')::numeric AS {n}")),
+            Field::Data => None,
+        })
+        .collect();
     render(
         view,
         &format!(
-            "WITH batch AS (SELECT $2::text AS event_id, $3::bigint AS account_id, $4::bigint AS seq, \
-                    $5::text AS type, $6::timestamptz AS occurred_at, $7::text::jsonb AS data),\n\
+            "WITH batch AS (SELECT b.*{fields} FROM (SELECT $2::text AS event_id, \
+                    $3::bigint AS account_id, $4::bigint AS seq, $5::text AS type, \
+                    $6::timestamptz AS occurred_at, $7::text::jsonb AS data) b),\n\
              {inbox},\n{ctes}\n,\nwritten AS (\n{write}\n)\n\
              SELECT count(*) FROM written",
             inbox = queries::INBOX_CTES,
