@@ -232,7 +232,10 @@ impl Report {
             self.max_lag, self.dead_letters, self.parked
         ));
         line(String::new());
-        line("reconciliation: every view, through its stable name, against the write side".to_owned());
+        line(
+            "reconciliation: every view, through its stable name, against the write side"
+                .to_owned(),
+        );
         let mut differences = 0;
         for r in &self.reconciled {
             line(format!(
@@ -404,6 +407,24 @@ fn ownership(view: &ViewStats, engines: &[&Engine]) -> String {
         .join("  ")
 }
 
+/// The story line of a finished rebuild, or why it failed.
+fn rebuilt(
+    joined: Result<Result<Outcome, projector_rebuild::RebuildError>, tokio::task::JoinError>,
+) -> anyhow::Result<String> {
+    match joined
+        .context("the rebuild's task panicked")?
+        .context("the rebuild failed")?
+    {
+        Outcome::CutOver(r) => Ok(format!(
+            "{} v{} is live (cut over); v{} is retired; the engines follow without a restart",
+            r.name,
+            r.new,
+            r.old.map_or("-".to_owned(), |v| v.to_string())
+        )),
+        other => anyhow::bail!("the rebuild ended without a cutover: {other:?}"),
+    }
+}
+
 /// The demo from an empty database to the report.
 async fn story(
     server: &Server,
@@ -418,7 +439,10 @@ async fn story(
     // The clients (two connections each: a racing retry holds two), the relay, the figures.
     let pool = projector_engine::db::pool(&url, 24)?;
     {
-        let mut client = pool.get().await.context("cannot connect to the demo database")?;
+        let mut client = pool
+            .get()
+            .await
+            .context("cannot connect to the demo database")?;
         projector_engine::migrate(&mut client, registry).await?;
     }
     let write_side = WriteSide::new(pool.clone())
@@ -429,8 +453,8 @@ async fn story(
         args.database,
         registry.names().into_iter().collect::<Vec<_>>().join(", ")
     ));
-    let broker = DevBroker::start(1, &[(TOPIC, args.partitions)])
-        .context("cannot start the dev broker")?;
+    let broker =
+        DevBroker::start(1, &[(TOPIC, args.partitions)]).context("cannot start the dev broker")?;
     let brokers = broker.bootstrap_servers();
     display.say(&format!(
         "dev broker (librdkafka's mock cluster, in this process) on {brokers}: topic {TOPIC}, {} partitions",
@@ -496,14 +520,19 @@ async fn story(
     ];
 
     let mut b: Option<Engine> = None;
-    let mut rebuild: Option<tokio::task::JoinHandle<Result<Outcome, projector_rebuild::RebuildError>>> =
-        None;
+    let mut rebuild: Option<
+        tokio::task::JoinHandle<Result<Outcome, projector_rebuild::RebuildError>>,
+    > = None;
     let mut a_alive = true;
+    let mut cut_over = false;
     let mut split_seen = false;
     let mut took_over_seen = false;
     let mut max_lag = 0i64;
     let mut ticker = tokio::time::interval(TICK);
-    let client = pool.get().await.context("cannot connect to the demo database")?;
+    let client = pool
+        .get()
+        .await
+        .context("cannot connect to the demo database")?;
 
     // The load phase: a tick reads the figures and moves the story on.
     loop {
@@ -517,7 +546,10 @@ async fn story(
         }
         let report = write_side.report();
         let views = view_stats(&client, &report.partitions).await?;
-        if let Some(reference) = views.iter().find(|v| v.state == "live" && v.name != REBUILT) {
+        if let Some(reference) = views
+            .iter()
+            .find(|v| v.state == "live" && v.name != REBUILT)
+        {
             let mut engines: Vec<&Engine> = Vec::new();
             if a_alive {
                 engines.push(&a);
@@ -526,13 +558,19 @@ async fn story(
                 engines.push(b);
             }
             let own = ownership(reference, &engines);
-            if !split_seen && a_alive && b.as_ref().is_some_and(|b| reference.owners.values().any(|o| b.committed(o)))
+            if !split_seen
+                && a_alive
+                && b.as_ref()
+                    .is_some_and(|b| reference.owners.values().any(|o| b.committed(o)))
                 && reference.owners.values().any(|o| a.committed(o))
             {
                 split_seen = true;
                 tell(
                     &mut story,
-                    format!("the group rebalanced: partitions of {}  {own}", reference.name),
+                    format!(
+                        "the group rebalanced: partitions of {}  {own}",
+                        reference.name
+                    ),
                 );
             }
             if !took_over_seen
@@ -569,7 +607,9 @@ async fn story(
             .and_then(|l| *l)
             .filter(|_| rebuild.as_ref().is_some_and(|r| !r.is_finished()))
             .map_or(String::new(), |l| format!(" (rebuild lag {l})"));
-        let done = now.saturating_duration_since(load_started).min(args.duration);
+        let done = now
+            .saturating_duration_since(load_started)
+            .min(args.duration);
         display.figures(
             done.as_secs(),
             &format!(
@@ -591,7 +631,7 @@ async fn story(
             );
             b = Some(engine);
         }
-        if rebuild.is_none() && now >= rebuild_at {
+        if rebuild.is_none() && !cut_over && now >= rebuild_at {
             let options = projector_rebuild::Options {
                 // A short margin: every message's time is this machine's clock.
                 margin: Duration::from_secs(5),
@@ -623,6 +663,15 @@ async fn story(
                 ),
             );
         }
+        if rebuild
+            .as_ref()
+            .is_some_and(tokio::task::JoinHandle::is_finished)
+        {
+            if let Some(task) = rebuild.take() {
+                cut_over = true;
+                tell(&mut story, rebuilt(task.await)?);
+            }
+        }
         if load_task.is_finished() || now >= load_end {
             break;
         }
@@ -650,19 +699,10 @@ async fn story(
     if let Some(task) = rebuild {
         let outcome = tokio::time::timeout_at(deadline, task)
             .await
-            .context("the rebuild did not finish in time")?
-            .context("the rebuild's task panicked")?
-            .context("the rebuild failed")?;
-        let note = match outcome {
-            Outcome::CutOver(r) => format!(
-                "{} v{} is live (cut over); v{} is retired",
-                r.name,
-                r.new,
-                r.old.map_or("-".to_owned(), |v| v.to_string())
-            ),
-            other => anyhow::bail!("the rebuild ended without a cutover: {other:?}"),
-        };
-        tell(&mut story, note);
+            .context("the rebuild did not finish in time")?;
+        tell(&mut story, rebuilt(outcome)?);
+    } else if !cut_over {
+        anyhow::bail!("the rebuild never started: the load was too short");
     }
 
     // Caught up: every live version at the end of every partition.
@@ -708,7 +748,10 @@ async fn story(
         .await?
         .get(0);
     drop(client);
-    let mut client = pool.get().await.context("cannot connect to the demo database")?;
+    let mut client = pool
+        .get()
+        .await
+        .context("cannot connect to the demo database")?;
     let reconciled = reconcile(&mut client).await?;
     drop(broker);
     Ok(Report {

@@ -24,7 +24,9 @@ pub enum PgClusterError {
     #[error("no PostgreSQL server binaries (initdb, pg_ctl) on this machine")]
     NotInstalled,
     /// The process is root and there is no unprivileged user to run the server as.
-    #[error("running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as")]
+    #[error(
+        "running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as"
+    )]
     NoUser,
     /// A file system operation failed.
     #[error("{doing}: {source}")]
@@ -110,10 +112,8 @@ impl PgCluster {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!(
-            "projector-demo-pg-{}-{stamp}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("projector-demo-pg-{}-{stamp}", std::process::id()));
         {
             use std::os::unix::fs::DirBuilderExt as _;
             std::fs::DirBuilder::new()
@@ -130,8 +130,10 @@ impl PgCluster {
             version: String::new(),
         };
         if let Some((uid, gid)) = run_as {
-            std::os::unix::fs::chown(&cluster.dir, Some(uid), Some(gid))
-                .map_err(io(format!("handing {} to uid {uid}", cluster.dir.display())))?;
+            std::os::unix::fs::chown(&cluster.dir, Some(uid), Some(gid)).map_err(io(format!(
+                "handing {} to uid {uid}",
+                cluster.dir.display()
+            )))?;
         }
         // Only the socket's file name depends on the port (no TCP listener); a port nobody
         // uses keeps the name unsurprising for anyone looking.

@@ -70,10 +70,7 @@ impl Server {
     /// that an earlier demo made is dropped first; any other is refused.
     pub async fn fresh_database(&self, name: &str) -> anyhow::Result<String> {
         let pool = projector_engine::db::pool(&self.admin_url, 1)?;
-        let client = pool
-            .get()
-            .await
-            .context("cannot connect to PostgreSQL")?;
+        let client = pool.get().await.context("cannot connect to PostgreSQL")?;
         let quoted = format!("\"{name}\"");
         let existing = client
             .query_opt(
@@ -94,7 +91,11 @@ impl Server {
                 .await?
                 .get(0);
             // FORCE (PostgreSQL 13+) ends sessions an interrupted demo may have left behind.
-            let force = if version >= 130_000 { " WITH (FORCE)" } else { "" };
+            let force = if version >= 130_000 {
+                " WITH (FORCE)"
+            } else {
+                ""
+            };
             client
                 .batch_execute(&format!("DROP DATABASE {quoted}{force}"))
                 .await
