@@ -15,7 +15,9 @@ const KEPT_LINES: usize = 20;
 pub struct Engine {
     /// `A` or `B`, as the story calls it.
     pub label: &'static str,
-    child: Child,
+    pid: u32,
+    /// `None` once the process was waited for.
+    child: Option<Child>,
     log: Arc<Mutex<VecDeque<String>>>,
 }
 
@@ -80,12 +82,17 @@ impl Engine {
                 }
             });
         }
-        Ok(Self { label, child, log })
+        Ok(Self {
+            label,
+            pid: child.id(),
+            child: Some(child),
+            log,
+        })
     }
 
     /// The process id; the engine commits offsets as `<host>:<pid>`.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.pid
     }
 
     /// Whether `committed_by` (of `projector.offsets`) names this process.
@@ -97,10 +104,12 @@ impl Engine {
 
     /// SIGKILL: the process gets no chance to finish a batch.
     pub fn kill(&mut self) -> anyhow::Result<()> {
-        self.child
-            .kill()
-            .with_context(|| format!("cannot kill engine {}", self.label))?;
-        let _ = self.child.wait();
+        if let Some(mut child) = self.child.take() {
+            child
+                .kill()
+                .with_context(|| format!("cannot kill engine {}", self.label))?;
+            let _ = child.wait();
+        }
         Ok(())
     }
 
@@ -111,29 +120,40 @@ impl Engine {
             .status()
             .context("cannot signal an engine process")?;
         anyhow::ensure!(status.success(), "cannot signal engine {}", self.label);
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                anyhow::ensure!(
-                    status.success(),
-                    "engine {} exited with {status}: {}",
-                    self.label,
-                    self.last_lines()
-                );
-                return Ok(());
+        let label = self.label;
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let waiting = tokio::task::spawn_blocking(move || {
+            let status = child.wait();
+            (child, status)
+        });
+        let exited =
+            match tokio::time::timeout(std::time::Duration::from_secs(30), waiting).await {
+                Ok(joined) => joined.context("the task waiting for an engine panicked")?.1,
+                Err(_) => {
+                    // The waiting thread holds the child; kill it by pid, which it then reaps.
+                    let _ = Command::new("kill")
+                        .args(["-KILL", &self.pid().to_string()])
+                        .status();
+                    anyhow::bail!("engine {label} did not stop within 30 s of SIGTERM; killed");
+                }
             }
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "engine {} did not stop within 30 s of SIGTERM",
-                self.label
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+            .with_context(|| format!("cannot wait for engine {label}"))?;
+        anyhow::ensure!(
+            exited.success(),
+            "engine {label} exited with {exited}: {}",
+            self.last_lines()
+        );
+        Ok(())
     }
 
     /// An error when the process has exited on its own.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
-        match self.child.try_wait()? {
+        let Some(child) = &mut self.child else {
+            anyhow::bail!("engine {} was stopped", self.label);
+        };
+        match child.try_wait()? {
             None => Ok(()),
             Some(status) => anyhow::bail!(
                 "engine {} (pid {}) exited with {status}: {}",
@@ -154,9 +174,11 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if let Some(mut child) = self.child.take() {
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
     }
 }
