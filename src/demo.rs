@@ -1,181 +1,772 @@
-//! `projector demo`: a database, the schema, and the bundled sample events applied to every
-//! view, as if they were read from one Kafka partition. Running it again applies nothing
-//! twice: offsets live in PostgreSQL.
+//! `projector demo`: the whole story in one command, with no Kafka and no configuration.
+//!
+//! A write side (`projector_devkit::writeside`, the pieces of `projector simulate`) takes
+//! orders from clients that retry on purpose and publishes through an outbox relay that
+//! "crashes" between publish and mark, so events arrive more than once at new offsets. The
+//! dev broker (librdkafka's mock cluster) runs in this process. Two `projector run`
+//! processes consume the topic into every view: B joins midway (the group rebalances), A is
+//! killed with SIGKILL (B takes its partitions over). Meanwhile `portfolio` is rebuilt into
+//! a new version from the write side's snapshot and cut over while live. At the end every
+//! view is reconciled row by row with the write side (`projector_devkit::reconcile`).
+//!
+//! PostgreSQL: `DATABASE_URL`, else a server on 127.0.0.1:5432, else a throwaway cluster
+//! ([`server`]). Progress goes to standard error ([`display`]); the report to standard
+//! output. Exits 1 when a view differs from the write side.
 
-use std::path::PathBuf;
-use std::str::FromStr;
-use std::sync::Arc;
+mod display;
+mod engines;
+mod server;
 
-use anyhow::Context;
-use projector_engine::{account_key, Applier, Batch, Counts, Message, Registry, SourceOrdering};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-/// The sample: three accounts, two trading days, a bust, cash in and out, one redelivered
-/// duplicate and one poison message.
-const SAMPLE: &str = include_str!("demo/events.jsonl");
+use anyhow::Context as _;
+use projector_devkit::devbroker::DevBroker;
+use projector_devkit::reconcile::{reconcile, ViewReconciliation};
+use projector_devkit::writeside::{LoadConfig, RelayConfig, Report as WriteReport, WriteSide};
+use projector_engine::kafka::source::KafkaConfig;
+use projector_engine::Registry;
+use projector_rebuild::{Outcome, Progress, Status};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-/// The simulated partition the demo reads.
-const TOPIC: &str = "demo-events";
-const BATCH_LEN: usize = 8;
+use display::{seconds, Display};
+use engines::Engine;
+use server::Server;
+
+/// The demo's topic on the dev broker.
+const TOPIC: &str = "trades";
+/// How often the figures are read.
+const TICK: Duration = Duration::from_millis(500);
+/// After the clients stop: how long the relay, the rebuild and the engines may take to
+/// finish what is left before the demo gives up.
+const FINISH_WITHIN: Duration = Duration::from_secs(180);
+/// The rebuilt view.
+const REBUILT: &str = "portfolio";
+/// Percent of the relay's batches after which it "crashes" between publish and mark.
+const RELAY_CRASH_PERCENT: u8 = 5;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// A JSON-lines file of events to apply instead of the bundled sample.
-    #[arg(long)]
-    events: Option<PathBuf>,
+    /// How long the clients send requests, e.g. `60s`; the demo takes about 15 s more.
+    #[arg(long, default_value = "60s", value_parser = parse_load_duration)]
+    duration: Duration,
+    /// Accounts 1 to N.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    accounts: i64,
+    /// Requests per second over all clients (retries not counted).
+    #[arg(long, default_value_t = 150, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    rate: u32,
+    /// Partitions of the topic.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(i32).range(2..=64))]
+    partitions: i32,
+    /// The database the demo makes on the server (and makes afresh on the next run).
+    #[arg(long, default_value = "projector_demo", value_parser = server::parse_database)]
+    database: String,
+    /// Seed of the clients' and the relay's dice.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
-/// Creates the database of `database_url` when it does not exist, migrates it, and applies
-/// the sample (or `--events`) to every view of `registry`.
-pub async fn run(database_url: &str, registry: &Registry, args: Args) -> anyhow::Result<()> {
-    let text = match &args.events {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?,
-        None => SAMPLE.to_owned(),
+fn parse_load_duration(s: &str) -> Result<Duration, String> {
+    let d = crate::config::parse_duration(s)?;
+    if d < Duration::from_secs(5) {
+        return Err(format!(
+            "the demo needs at least 5s of load to show its story, got {s:?}"
+        ));
+    }
+    Ok(d)
+}
+
+/// Runs the demo; `database_url` is `--database-url` / `DATABASE_URL` when given.
+pub async fn run(
+    database_url: Option<String>,
+    registry: &Registry,
+    args: Args,
+) -> anyhow::Result<()> {
+    let interrupted = CancellationToken::new();
+    let signals = tokio::spawn(crate::run::wait_for_signal(interrupted.clone()));
+    let display = Arc::new(Display::new(args.duration));
+    let server = tokio::select! {
+        s = Server::choose(database_url) => s,
+        () = interrupted.cancelled() => Err(anyhow::anyhow!("interrupted")),
     };
-    create_database(database_url).await?;
-    let pool = projector_engine::db::pool(database_url, 2)?;
+    let server = match server {
+        Ok(s) => s,
+        Err(e) => {
+            display.finish();
+            return Err(e);
+        }
+    };
+    let result = tokio::select! {
+        r = story(&server, registry, &args, &display, interrupted.clone()) => r,
+        () = interrupted.cancelled() => Err(anyhow::anyhow!(
+            "interrupted: the engines are stopped{}",
+            if server.cluster.is_some() { " and the throwaway cluster removed" } else { "" }
+        )),
+    };
+    signals.abort();
+    display.finish();
+    if let Some(cluster) = server.cluster {
+        // Stopping the server and removing its files blocks for a moment.
+        let _ = tokio::task::spawn_blocking(move || drop(cluster)).await;
+    }
+    let report = result?;
+    print!("{}", report.render());
+    if report.clean() {
+        Ok(())
+    } else {
+        anyhow::bail!("a view differs from the write side (rows above)")
+    }
+}
+
+/// What the story saw, for the report.
+struct Report {
+    wall: Duration,
+    server: String,
+    database: String,
+    kept: bool,
+    load: LoadConfig,
+    ran: Duration,
+    write: WriteReport,
+    story: Vec<String>,
+    views: Vec<ViewStats>,
+    max_lag: i64,
+    dead_letters: i64,
+    parked: i64,
+    reconciled: Vec<ViewReconciliation>,
+}
+
+impl Report {
+    fn clean(&self) -> bool {
+        self.reconciled.iter().all(ViewReconciliation::clean)
+    }
+
+    fn render(&self) -> String {
+        let w = &self.write;
+        let mut out = String::new();
+        let mut line = |s: String| {
+            out.push_str(&s);
+            out.push('\n');
+        };
+        line(String::new());
+        line(format!(
+            "projector demo: {} wall time; PostgreSQL: {}",
+            seconds(self.wall),
+            self.server
+        ));
+        line(String::new());
+        line("write side (the pieces of `projector simulate`)".to_owned());
+        line(format!(
+            "  requests      {} in {} over {} accounts ({} hot): retried {}, deduplicated {} (idempotency keys), refused {}, rejected {}",
+            w.requests,
+            seconds(self.ran),
+            self.load.accounts,
+            self.load.hot_accounts(),
+            w.retries,
+            w.deduplicated,
+            w.refused,
+            w.rejected
+        ));
+        line(format!(
+            "  events        {} written (fill_executed {}, fill_busted {}, cash_adjusted {})",
+            w.events(),
+            w.fills,
+            w.busts,
+            w.cash
+        ));
+        line(format!(
+            "  published     {} (redeliveries injected {} in {} relay crashes between publish and mark)",
+            w.published, w.redeliveries_injected, w.relay_crashes
+        ));
+        line(String::new());
+        line("engine".to_owned());
+        for s in &self.story {
+            line(format!("  {s}"));
+        }
+        line(String::new());
+        line(format!(
+            "  {:<10} {:>3} {:<8} {:>8} {:>8} {:>9} {:>7} {:>7} {:>9} {:>7} {:>6} {:>4}",
+            "view",
+            "v",
+            "state",
+            "applied",
+            "ignored",
+            "dropped",
+            "inbox",
+            "seq",
+            "watermark",
+            "filter",
+            "dead",
+            "lag"
+        ));
+        for v in &self.views {
+            line(format!(
+                "  {:<10} {:>3} {:<8} {:>8} {:>8} {:>9} {:>7} {:>7} {:>9} {:>7} {:>6} {:>4}",
+                v.name,
+                v.version,
+                v.state,
+                v.applied,
+                v.ignored,
+                v.duplicates,
+                v.dup_inbox,
+                v.dup_seq,
+                v.dup_watermark,
+                v.dup_version_filter,
+                v.dead_lettered,
+                if v.state == "retired" {
+                    "-".to_owned()
+                } else {
+                    v.lag.to_string()
+                }
+            ));
+        }
+        line(
+            "  dropped: duplicates dropped, by what caught them: the inbox, the per-account seq, \
+             the snapshot's watermark (rebuild), the version filter"
+                .to_owned(),
+        );
+        line(format!(
+            "  lag           at most {} messages during the run, 0 at the end; dead letters {}, parked accounts {}",
+            self.max_lag, self.dead_letters, self.parked
+        ));
+        line(String::new());
+        line(
+            "reconciliation: every view, through its stable name, against the write side"
+                .to_owned(),
+        );
+        let mut differences = 0;
+        for r in &self.reconciled {
+            line(format!(
+                "  {:<10} vs {:<18} {:>6} rows vs {:>6}: {} differences",
+                r.view,
+                r.against,
+                r.view_rows,
+                r.source_rows,
+                r.differences.len()
+            ));
+            if !r.clean() {
+                line(format!("    key: write side ({}) | view", r.columns));
+            }
+            for d in r.differences.iter().take(20) {
+                line(format!(
+                    "    {}: {} | {}",
+                    d.key,
+                    d.source.as_deref().unwrap_or("(missing)"),
+                    d.view.as_deref().unwrap_or("(missing)")
+                ));
+            }
+            if r.differences.len() > 20 {
+                line(format!("    ... and {} more", r.differences.len() - 20));
+            }
+            differences += r.differences.len();
+        }
+        if differences == 0 {
+            line(
+                "result        0 differences: each event's effect is in every view exactly once"
+                    .to_owned(),
+            );
+        } else {
+            line(format!("result        {differences} differences"));
+        }
+        if self.kept {
+            line(format!(
+                "the views stay in database {} for you to query (`psql -d {}`: SELECT * FROM portfolio, risk, eod)",
+                self.database, self.database
+            ));
+        }
+        out
+    }
+}
+
+/// One view version's counters, summed over partitions, and its lag.
+#[derive(Debug, Clone, Default)]
+struct ViewStats {
+    name: String,
+    version: i32,
+    state: String,
+    applied: i64,
+    ignored: i64,
+    duplicates: i64,
+    dup_inbox: i64,
+    dup_seq: i64,
+    dup_watermark: i64,
+    dup_version_filter: i64,
+    dead_lettered: i64,
+    /// Partition -> next offset.
+    next: BTreeMap<i32, i64>,
+    /// Partition -> who committed it last (`host:pid`).
+    owners: BTreeMap<i32, String>,
+    lag: i64,
+}
+
+/// Every view version's counters and lag; `published` is each partition's end (only the
+/// demo's relay writes to the topic, so what it published is the high watermark).
+async fn view_stats(
+    client: &deadpool_postgres::Client,
+    published: &BTreeMap<i32, u64>,
+) -> anyhow::Result<Vec<ViewStats>> {
+    let rows = client
+        .query(
+            "SELECT v.name, v.version, v.state, o.partition, o.next_offset, o.applied, o.ignored, \
+                    o.duplicates, o.dup_inbox, o.dup_seq, o.dup_watermark, o.dup_version_filter, \
+                    o.dead_lettered, o.committed_by \
+             FROM projector.views v \
+             LEFT JOIN projector.offsets o ON o.consumer = v.consumer AND o.topic = $1 \
+             WHERE v.dropped_at IS NULL \
+             ORDER BY v.name, v.version, o.partition",
+            &[&TOPIC],
+        )
+        .await
+        .context("cannot read the views' offsets")?;
+    let mut out: Vec<ViewStats> = Vec::new();
+    for r in rows {
+        let (name, version): (String, i32) = (r.get(0), r.get(1));
+        if out
+            .last()
+            .is_none_or(|s| s.name != name || s.version != version)
+        {
+            out.push(ViewStats {
+                name,
+                version,
+                state: r.get(2),
+                ..ViewStats::default()
+            });
+        }
+        let Some(s) = out.last_mut() else { continue };
+        let Some(partition) = r.get::<_, Option<i32>>(3) else {
+            continue;
+        };
+        let n = |i: usize| r.get::<_, Option<i64>>(i).unwrap_or(0);
+        s.next.insert(partition, n(4));
+        s.applied += n(5);
+        s.ignored += n(6);
+        s.duplicates += n(7);
+        s.dup_inbox += n(8);
+        s.dup_seq += n(9);
+        s.dup_watermark += n(10);
+        s.dup_version_filter += n(11);
+        s.dead_lettered += n(12);
+        if let Some(by) = r.get::<_, Option<String>>(13) {
+            s.owners.insert(partition, by);
+        }
+    }
+    for s in &mut out {
+        s.lag = published
+            .iter()
+            .map(|(p, end)| {
+                let end = i64::try_from(*end).unwrap_or(i64::MAX);
+                (end - s.next.get(p).copied().unwrap_or(0)).max(0)
+            })
+            .sum();
+    }
+    Ok(out)
+}
+
+/// The rebuild's progress, shown as story lines and in the figures.
+struct RebuildProgress {
+    display: Arc<Display>,
+    lag: Mutex<Option<i64>>,
+}
+
+impl Progress for RebuildProgress {
+    fn message(&self, line: &str) {
+        self.display.say(&format!("rebuild: {line}"));
+    }
+
+    fn status(&self, s: &Status) {
+        if let Ok(mut lag) = self.lag.lock() {
+            *lag = Some(s.lag());
+        }
+    }
+}
+
+/// Which engine owns which partitions of `view`, as `A: 0,2  B: 1,3`.
+fn ownership(view: &ViewStats, engines: &[&Engine]) -> String {
+    engines
+        .iter()
+        .map(|e| {
+            let mine: Vec<String> = view
+                .owners
+                .iter()
+                .filter(|(_, by)| e.committed(by))
+                .map(|(p, _)| p.to_string())
+                .collect();
+            format!(
+                "{}: {}",
+                e.label,
+                if mine.is_empty() {
+                    "-".to_owned()
+                } else {
+                    mine.join(",")
+                }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("  ")
+}
+
+/// The story line of a finished rebuild, or why it failed.
+fn rebuilt(
+    joined: Result<Result<Outcome, projector_rebuild::RebuildError>, tokio::task::JoinError>,
+) -> anyhow::Result<String> {
+    match joined
+        .context("the rebuild's task panicked")?
+        .context("the rebuild failed")?
+    {
+        Outcome::CutOver(r) => Ok(format!(
+            "{} v{} is live (cut over); v{} is retired; the engines follow without a restart",
+            r.name,
+            r.new,
+            r.old.map_or("-".to_owned(), |v| v.to_string())
+        )),
+        other => anyhow::bail!("the rebuild ended without a cutover: {other:?}"),
+    }
+}
+
+/// The demo from an empty database to the report.
+async fn story(
+    server: &Server,
+    registry: &Registry,
+    args: &Args,
+    display: &Arc<Display>,
+    interrupted: CancellationToken,
+) -> anyhow::Result<Report> {
+    let mut story: Vec<String> = Vec::new();
+    display.say(&format!("PostgreSQL: {}", server.described));
+    let url = server.fresh_database(&args.database).await?;
+    // The clients (two connections each: a racing retry holds two), the relay, the figures.
+    let pool = projector_engine::db::pool(&url, 24)?;
+    {
+        let mut client = pool
+            .get()
+            .await
+            .context("cannot connect to the demo database")?;
+        projector_engine::migrate(&mut client, registry).await?;
+    }
+    let write_side = WriteSide::new(pool.clone())
+        .await
+        .context("cannot set up the write side's schema")?;
+    display.say(&format!(
+        "database {}: the write side's tables (positions, account_seq, outbox, ...) and the views {}",
+        args.database,
+        registry.names().into_iter().collect::<Vec<_>>().join(", ")
+    ));
+    let broker =
+        DevBroker::start(1, &[(TOPIC, args.partitions)]).context("cannot start the dev broker")?;
+    let brokers = broker.bootstrap_servers();
+    display.say(&format!(
+        "dev broker (librdkafka's mock cluster, in this process) on {brokers}: topic {TOPIC}, {} partitions",
+        args.partitions
+    ));
+
+    let mut a = Engine::spawn("A", &brokers, TOPIC, &url)?;
+    let tell = |story: &mut Vec<String>, note: String| {
+        display.say(&note);
+        story.push(format!("{:>7}  {note}", display.elapsed()));
+    };
+    tell(
+        &mut story,
+        format!("engine A (pid {}) `projector run` started", a.pid()),
+    );
+
+    let load = LoadConfig {
+        rate: Some(args.rate),
+        seed: args.seed,
+        ..LoadConfig::new(args.accounts)
+    };
+    load.check()?;
+    let relay = write_side.relay(RelayConfig {
+        seed: args.seed,
+        crash_percent: RELAY_CRASH_PERCENT,
+        ..RelayConfig::new(brokers.clone(), TOPIC)
+    });
+    let (drain, relay_stop, load_stop) = (
+        CancellationToken::new(),
+        interrupted.child_token(),
+        interrupted.child_token(),
+    );
+    let relay_task = {
+        let (drain, stop) = (drain.clone(), relay_stop.clone());
+        tokio::spawn(async move { relay.run(drain, stop).await })
+    };
+    let load_task = {
+        let (write_side, load, stop) = (write_side.clone(), load.clone(), load_stop.clone());
+        tokio::spawn(async move { write_side.run_load(&load, stop).await })
+    };
+    display.say(&format!(
+        "clients: {} requests/s over {} accounts ({} hot) for {}; {}% retried under the same idempotency key; \
+         the relay crashes between publish and mark after {}% of its batches",
+        args.rate,
+        args.accounts,
+        load.hot_accounts(),
+        humantime::format_duration(args.duration),
+        load.retry_percent,
+        RELAY_CRASH_PERCENT
+    ));
+    let load_started = Instant::now();
+    let at = |percent: u32| load_started + args.duration * percent / 100;
+    let (join_at, rebuild_at, kill_at, load_end) = (at(20), at(35), at(60), at(100));
+
+    let rebuild_progress = Arc::new(RebuildProgress {
+        display: Arc::clone(display),
+        lag: Mutex::new(None),
+    });
+    let mut kafka = KafkaConfig::new(brokers.clone(), TOPIC);
+    kafka.properties = vec![
+        ("session.timeout.ms".to_owned(), "3000".to_owned()),
+        ("heartbeat.interval.ms".to_owned(), "300".to_owned()),
+    ];
+
+    let mut b: Option<Engine> = None;
+    let mut rebuild: Option<
+        tokio::task::JoinHandle<Result<Outcome, projector_rebuild::RebuildError>>,
+    > = None;
+    let mut a_alive = true;
+    let mut cut_over = false;
+    let mut split_seen = false;
+    let mut took_over_seen = false;
+    let mut max_lag = 0i64;
+    let mut ticker = tokio::time::interval(TICK);
+    let client = pool
+        .get()
+        .await
+        .context("cannot connect to the demo database")?;
+
+    // The load phase: a tick reads the figures and moves the story on.
+    loop {
+        ticker.tick().await;
+        let now = Instant::now();
+        if a_alive {
+            a.check_alive()?;
+        }
+        if let Some(b) = &mut b {
+            b.check_alive()?;
+        }
+        let report = write_side.report();
+        let views = view_stats(&client, &report.partitions).await?;
+        if let Some(reference) = views
+            .iter()
+            .find(|v| v.state == "live" && v.name != REBUILT)
+        {
+            let mut engines: Vec<&Engine> = Vec::new();
+            if a_alive {
+                engines.push(&a);
+            }
+            if let Some(b) = &b {
+                engines.push(b);
+            }
+            let own = ownership(reference, &engines);
+            if !split_seen
+                && a_alive
+                && b.as_ref()
+                    .is_some_and(|b| reference.owners.values().any(|o| b.committed(o)))
+                && reference.owners.values().any(|o| a.committed(o))
+            {
+                split_seen = true;
+                tell(
+                    &mut story,
+                    format!(
+                        "the group rebalanced: partitions of {}  {own}",
+                        reference.name
+                    ),
+                );
+            }
+            if !took_over_seen
+                && !a_alive
+                && b.as_ref().is_some_and(|b| {
+                    (0..args.partitions).all(|p| {
+                        report.partitions.get(&p).is_none_or(|n| *n == 0)
+                            || reference.owners.get(&p).is_some_and(|o| b.committed(o))
+                    })
+                })
+            {
+                took_over_seen = true;
+                tell(&mut story, format!("B took over every partition ({own})"));
+            }
+        }
+        max_lag = max_lag.max(
+            views
+                .iter()
+                .filter(|v| v.state == "live")
+                .map(|v| v.lag)
+                .max()
+                .unwrap_or(0),
+        );
+        let lags = views
+            .iter()
+            .filter(|v| v.state != "retired")
+            .map(|v| format!("{} v{} {}", v.name, v.version, v.lag))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let rebuild_lag = rebuild_progress
+            .lag
+            .lock()
+            .ok()
+            .and_then(|l| *l)
+            .filter(|_| rebuild.as_ref().is_some_and(|r| !r.is_finished()))
+            .map_or(String::new(), |l| format!(" (rebuild lag {l})"));
+        let done = now
+            .saturating_duration_since(load_started)
+            .min(args.duration);
+        display.figures(
+            done.as_secs(),
+            &format!(
+                "events {} · published {} ({} redelivered) · lag {lags}{rebuild_lag}",
+                report.events(),
+                report.published,
+                report.redeliveries_injected
+            ),
+        );
+
+        if b.is_none() && now >= join_at {
+            let engine = Engine::spawn("B", &brokers, TOPIC, &url)?;
+            tell(
+                &mut story,
+                format!(
+                    "engine B (pid {}) `projector run` joined: the group rebalances",
+                    engine.pid()
+                ),
+            );
+            b = Some(engine);
+        }
+        if rebuild.is_none() && !cut_over && now >= rebuild_at {
+            let options = projector_rebuild::Options {
+                // A short margin: every message's time is this machine's clock.
+                margin: Duration::from_secs(5),
+                batch_messages: 2000,
+                tick: Duration::from_millis(500),
+                ..projector_rebuild::Options::new(REBUILT)
+            };
+            tell(
+                &mut story,
+                format!("rebuild of {REBUILT} into a new version from the write side's snapshot, while live"),
+            );
+            let (registry, url, kafka) = (registry.clone(), url.clone(), kafka.clone());
+            let progress = Arc::clone(&rebuild_progress);
+            let stop = interrupted.child_token();
+            rebuild = Some(tokio::spawn(async move {
+                projector_rebuild::rebuild(&registry, &url, kafka, &options, &*progress, stop).await
+            }));
+        }
+        // A dies once B owns partitions of its own (or at the end of the load at the latest),
+        // so that the kill moves partitions from one live process to another.
+        if a_alive && now >= kill_at && (split_seen || now >= load_end) {
+            a.kill()?;
+            a_alive = false;
+            tell(
+                &mut story,
+                format!(
+                    "engine A (pid {}) killed with SIGKILL: its batches in flight roll back, its partitions move to B",
+                    a.pid()
+                ),
+            );
+        }
+        if rebuild
+            .as_ref()
+            .is_some_and(tokio::task::JoinHandle::is_finished)
+        {
+            if let Some(task) = rebuild.take() {
+                cut_over = true;
+                tell(&mut story, rebuilt(task.await)?);
+            }
+        }
+        if load_task.is_finished() || now >= load_end {
+            break;
+        }
+    }
+
+    load_stop.cancel();
+    load_task
+        .await
+        .context("the clients' task panicked")?
+        .context("the clients stopped")?;
+    let ran = load_started.elapsed();
+    let report = write_side.report();
+    display.say(&format!(
+        "clients stopped after {} requests; the relay publishes what is left",
+        report.requests
+    ));
+    drain.cancel();
+    let deadline = Instant::now() + FINISH_WITHIN;
+    tokio::time::timeout_at(deadline, relay_task)
+        .await
+        .context("the relay did not publish the rest in time")?
+        .context("the relay's task panicked")?
+        .context("the relay stopped")?;
+
+    if let Some(task) = rebuild {
+        let outcome = tokio::time::timeout_at(deadline, task)
+            .await
+            .context("the rebuild did not finish in time")?;
+        tell(&mut story, rebuilt(outcome)?);
+    } else if !cut_over {
+        anyhow::bail!("the rebuild never started: the load was too short");
+    }
+
+    // Caught up: every live version at the end of every partition.
+    let mut b = b.context("engine B never started: the load was too short")?;
+    let published = write_side.report().partitions;
+    let views = loop {
+        b.check_alive()?;
+        let views = view_stats(&client, &published).await?;
+        let live: Vec<&ViewStats> = views.iter().filter(|v| v.state == "live").collect();
+        if !live.is_empty() && live.iter().all(|v| v.lag == 0) {
+            break views;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the engines did not catch up in time: lag {:?}",
+            live.iter().map(|v| (&v.name, v.lag)).collect::<Vec<_>>()
+        );
+        display.figures(
+            args.duration.as_secs(),
+            &format!(
+                "catching up: lag {}",
+                live.iter()
+                    .map(|v| format!("{} v{} {}", v.name, v.version, v.lag))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+        ticker.tick().await;
+    };
+    display.say("caught up: every live view is at the end of every partition");
+    b.stop().await?;
+    tell(
+        &mut story,
+        format!("engine B (pid {}) stopped with SIGTERM", b.pid()),
+    );
+
+    let dead_letters: i64 = client
+        .query_one("SELECT count(*) FROM projector.dead_letters", &[])
+        .await?
+        .get(0);
+    let parked: i64 = client
+        .query_one("SELECT count(*) FROM projector.parked_accounts", &[])
+        .await?
+        .get(0);
+    drop(client);
     let mut client = pool
         .get()
         .await
         .context("cannot connect to the demo database")?;
-    projector_engine::migrate(&mut client, registry).await?;
-
-    let log: Vec<Message> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .enumerate()
-        .map(|(i, line)| {
-            Message::new(
-                i as i64,
-                account_key(line.as_bytes()),
-                line.as_bytes().to_vec(),
-            )
-        })
-        .collect();
-    println!("{} events in partition {TOPIC}/0\n", log.len());
-
-    for view in registry.all() {
-        let applier = Applier::new(Arc::clone(view), SourceOrdering::PerAccount)?;
-        let mut start = applier.stored_offset(&client, TOPIC, 0).await?.unwrap_or(0);
-        let mut total = Counts::default();
-        while let Some(rest) = log
-            .get(usize::try_from(start).unwrap_or(usize::MAX)..)
-            .filter(|r| !r.is_empty())
-        {
-            let batch = Batch {
-                topic: TOPIC.to_owned(),
-                partition: 0,
-                start_offset: start,
-                messages: rest.iter().take(BATCH_LEN).cloned().collect(),
-            };
-            let outcome = applier.apply(&mut client, &batch).await?;
-            total += &outcome.counts;
-            start = outcome.next_offset;
-        }
-        println!(
-            "{:<12} applied {:>3}  ignored {:>3}  duplicates {:>3}  dead-lettered {:>3}  waiting {:>3}",
-            applier.consumer(),
-            total.applied,
-            total.ignored,
-            total.duplicates(),
-            total.dead_lettered(),
-            total.waiting
-        );
-    }
-
-    for name in registry.names() {
-        print_read_name(&client, &name).await?;
-    }
-    let dead: i64 = client
-        .query_one(
-            "SELECT count(DISTINCT \"offset\") FROM projector.dead_letters",
-            &[],
-        )
-        .await?
-        .get(0);
-    println!("\n{dead} message(s) in projector.dead_letters, with their raw bytes.");
-    Ok(())
-}
-
-/// Creates the URL's database when it does not exist, through the server's `postgres`
-/// database, connecting as the URL says (credentials, `sslmode` and all).
-async fn create_database(database_url: &str) -> anyhow::Result<()> {
-    let config =
-        tokio_postgres::Config::from_str(database_url).context("the database URL is not valid")?;
-    let name = config.get_dbname().unwrap_or("postgres").to_owned();
-    let admin = projector_engine::db::url_for_database(database_url, "postgres")?;
-    let pool = projector_engine::db::pool(&admin, 1)?;
-    let client = pool
-        .get()
-        .await
-        .context("cannot connect to PostgreSQL (check --database-url / DATABASE_URL)")?;
-    let exists = client
-        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
-        .await?
-        .is_some();
-    if !exists {
-        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
-        client
-            .batch_execute(&format!("CREATE DATABASE {quoted}"))
-            .await?;
-        println!("created database {name}");
-    }
-    Ok(())
-}
-
-/// Prints a stable read name as a table, every value as PostgreSQL's exact text.
-async fn print_read_name(client: &deadpool_postgres::Client, name: &str) -> anyhow::Result<()> {
-    let columns: Vec<String> = client
-        .prepare(&format!("SELECT * FROM {name}"))
-        .await?
-        .columns()
-        .iter()
-        .map(|c| c.name().to_owned())
-        .collect();
-    let select = columns
-        .iter()
-        .map(|c| format!("coalesce({c}::text, '')"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    // Sort by the real values (numbers as numbers), not by their text.
-    let order = columns
-        .iter()
-        .take(2)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
-    let rows = client
-        .query(
-            &format!("SELECT {select} FROM {name} ORDER BY {order}"),
-            &[],
-        )
-        .await?;
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| (0..columns.len()).map(|i| r.get::<_, String>(i)).collect())
-        .collect();
-    let widths: Vec<usize> = (0..columns.len())
-        .map(|i| {
-            cells
-                .iter()
-                .map(|r| r[i].len())
-                .chain([columns[i].len()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    println!("\n{name}");
-    let line = |values: &[String]| {
-        values
-            .iter()
-            .zip(&widths)
-            .map(|(v, w)| format!("{v:<w$}"))
-            .collect::<Vec<_>>()
-            .join("  ")
-    };
-    println!("{}", line(&columns));
-    for r in &cells {
-        println!("{}", line(r));
-    }
-    Ok(())
+    let reconciled = reconcile(&mut client).await?;
+    drop(broker);
+    Ok(Report {
+        wall: display.wall(),
+        server: server.described.clone(),
+        database: args.database.clone(),
+        kept: server.cluster.is_none(),
+        load,
+        ran,
+        write: write_side.report(),
+        story,
+        views,
+        max_lag,
+        dead_letters,
+        parked,
+        reconciled,
+    })
 }

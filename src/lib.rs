@@ -22,7 +22,9 @@
 //! - [`config`]: `run`'s flags, environment and TOML file, resolved.
 //! - [`migrate`]: `projector migrate`, the engine's schema and every view's tables.
 //! - [`views`]: `projector views`, the registered views and their state.
-//! - [`demo`]: `projector demo`, a sample applied as one partition.
+//! - [`demo`]: `projector demo`, the whole story in one command: a write side, the dev
+//!   broker, two engine processes (one joins, one is killed), a rebuild while live, and a
+//!   reconciliation of every view against the write side.
 //! - [`publish`]: `projector publish`, JSON lines to Kafka.
 //! - [`dev_broker`]: `projector dev-broker`, a local Kafka broker.
 //! - [`bench`]: `projector bench`, the flags and output of the benchmark.
@@ -84,7 +86,8 @@ enum Command {
     Migrate,
     /// List the registered views: versions, state, dedup mode, subscribed event types.
     Views,
-    /// Create a demo database, migrate it and apply the bundled sample events to every view.
+    /// The whole story in one command, without Kafka or configuration: a write side, two
+    /// engine processes (one joins, one is killed), a rebuild while live, a reconciliation.
     Demo(demo::Args),
     /// Consume a Kafka topic into the views until SIGINT or SIGTERM.
     Run(config::RunArgs),
@@ -170,7 +173,7 @@ pub fn main(registry: impl FnOnce() -> Result<Registry, ViewError>) -> ExitCode 
         match cli.command {
             Command::Migrate => migrate::run(&url(), &registry()?).await,
             Command::Views => views::run(&url(), &registry()?).await,
-            Command::Demo(args) => demo::run(&url(), &registry()?, args).await,
+            Command::Demo(args) => demo::run(cli.database_url.clone(), &registry()?, args).await,
             Command::Run(args) => run::run(args, cli.database_url.clone(), &registry()?).await,
             Command::Publish(args) => publish::run(args).await,
             Command::DevBroker(args) => dev_broker::run(args).await,

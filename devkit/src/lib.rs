@@ -12,13 +12,18 @@
 //!   topic back. Holds this crate's one `unsafe` call.
 //! - [`partitioner`]: the partition an account's events land on, exactly as Apache Kafka's
 //!   Java producer computes it.
+//! - [`pgcluster`]: a throwaway PostgreSQL cluster made with the binaries on the machine,
+//!   reachable through a private Unix socket only, removed on drop (`projector demo`).
 //! - [`publish`]: JSON lines in, one Kafka message per event, keyed and partitioned like the
 //!   Java client (`projector publish`).
 //! - [`writeside`]: a write side that makes the events: idempotent request intake, one
 //!   transaction per event (seq counter row, positions, event, outbox), an outbox relay that
 //!   crashes on purpose, and simulated clients with hot accounts (`projector simulate`).
+//! - [`reconcile`]: every built-in view against the write side, row by row (`projector demo`).
 
 pub mod devbroker;
 pub mod partitioner;
+pub mod pgcluster;
 pub mod publish;
+pub mod reconcile;
 pub mod writeside;

@@ -3,6 +3,7 @@
 
 mod bench_smoke;
 mod cli;
+mod demo;
 mod engine_arbitrary;
 mod engine_conformance;
 mod engine_fencing;
