@@ -2,14 +2,16 @@
 //! real PostgreSQL and librdkafka's mock cluster: the library in-process where a test has to
 //! watch the rebuild closely, the binary where a process must die or a command line must
 //! answer. Every test rebuilds `portfolio` (order-dependent: a skipped, repeated or
-//! reordered event changes its rows) into v2 `--from earliest` and compares it with the fold
-//! of the distinct events.
+//! reordered event changes its rows) into v2, `--from earliest` or from the snapshot of the
+//! write side (`projector_devkit::writeside`: its clients, ledger and outbox relay, in the
+//! test's database), and compares it with the fold of the distinct events, or with the write
+//! side's positions where the log lost an event.
 //!
-//! Not here: the snapshot source (it needs the write side's tables), and anything that needs
-//! offsets by time, which the mock cluster does not answer (every timestamp gets the end of
-//! the log).
+//! Not here: anything that needs offsets by time, which the mock cluster does not answer
+//! (every timestamp gets the end of the log): a snapshot's tail starts where the log ended
+//! just before the snapshot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,14 +20,17 @@ use std::time::{Duration, Instant};
 use crate::support::kafka::{config, ends_of, publish, publish_raw, Raw};
 use crate::support::process::{run_output, Output, Projector};
 use crate::support::{fills, offsets, rows};
-use projector_devkit::devbroker::DevBroker;
+use projector_devkit::devbroker::{read_topic, DevBroker};
+use projector_devkit::writeside::{LoadConfig, RelayConfig, RelayExit, WriteSide};
 use projector_engine::kafka::source::{run_view, Observer};
 use projector_engine::kafka::supervisor::{run_live, LiveOptions};
 use projector_engine::testkit::conformance::dump;
 use projector_engine::testkit::{cash, consume, fill, EventSpec, Lcg, Partition, TestDb};
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
+use projector_rebuild::log::Log;
 use projector_rebuild::tail::Silent;
 use projector_rebuild::{cutover, verify, Cutover, Options, Outcome, RebuildError, Source};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -58,6 +63,13 @@ fn earliest(cutover: Cutover) -> Options {
     o.cutover = cutover;
     o.tick = Duration::from_millis(100);
     o.batch_messages = 500;
+    o
+}
+
+/// A rebuild of portfolio from the write side's snapshot that looks at the registry often.
+fn snapshot(cutover: Cutover) -> Options {
+    let mut o = earliest(cutover);
+    o.source = Source::Snapshot;
     o
 }
 
@@ -103,16 +115,18 @@ async fn rebuild_and_cut_over(db: &TestDb, bootstrap: &str, topic: &str) {
 /// The portfolio tables after the distinct events were applied once each, in the order
 /// given, in a database of their own.
 async fn reference(events: &[EventSpec]) -> Vec<Vec<String>> {
+    fold([&Partition::from_events("reference", 0, events)]).await
+}
+
+/// The portfolio tables after the partitions' distinct events were applied once each, in
+/// each partition's order, in a database of their own.
+async fn fold<'a>(partitions: impl IntoIterator<Item = &'a Partition>) -> Vec<Vec<String>> {
     let db = TestDb::new(&views()).await;
     let applier = Applier::new(portfolio(1), SourceOrdering::PerAccount).expect("applier");
     let mut client = db.client().await;
-    consume(
-        &applier,
-        &mut client,
-        &Partition::from_events("reference", 0, events),
-        500,
-    )
-    .await;
+    for p in partitions {
+        consume(&applier, &mut client, p, 500).await;
+    }
     dump(&client, &*portfolio(1)).await
 }
 
@@ -382,12 +396,7 @@ async fn read_stable_name(url: String, reads: Arc<Reads>, stop: CancellationToke
 }
 
 /// Publishes `events` in chunks at a steady pace until `stop` (or the events run out).
-async fn stream(
-    bootstrap: String,
-    events: Vec<EventSpec>,
-    published: Arc<AtomicU64>,
-    stop: CancellationToken,
-) {
+async fn stream(bootstrap: String, events: Vec<EventSpec>, stop: CancellationToken) {
     let mut pace = tokio::time::interval(Duration::from_millis(100));
     for chunk in events.chunks(60) {
         tokio::select! {
@@ -395,8 +404,124 @@ async fn stream(
             _ = pace.tick() => {}
         }
         publish(&bootstrap, TOPIC, chunk).await;
-        published.fetch_add(chunk.len() as u64, Ordering::SeqCst);
     }
+}
+
+/// Where a live rebuild's events come from.
+enum Feed {
+    /// Generated fills published straight to the topic: 6,000 of them before the rebuild,
+    /// the rest at 600 a second during it.
+    Fills(Vec<EventSpec>),
+    /// The write side's clients and outbox relay: its `positions` and `account_seq`, which a
+    /// rebuild `--from snapshot` reads, are the state of what it published (and of what it
+    /// committed and has not published yet).
+    WriteSide(WriteSide),
+}
+
+impl Feed {
+    async fn write_side(db: &TestDb) -> Self {
+        let pool = projector_engine::db::pool(db.url(), 10).expect("pool");
+        Self::WriteSide(WriteSide::new(pool).await.expect("write side"))
+    }
+
+    /// Clients of 20 accounts (busts, cash and retries included), at `rate` requests a
+    /// second or as fast as they go.
+    fn load(rate: Option<u32>, max_requests: Option<u64>, seed: u64) -> LoadConfig {
+        LoadConfig {
+            rate,
+            max_requests,
+            seed,
+            clients: 4,
+            ..LoadConfig::new(20)
+        }
+    }
+
+    /// The relay, publishing until `drain` once the outbox is empty.
+    fn relay(
+        write_side: &WriteSide,
+        bootstrap: &str,
+        drain: CancellationToken,
+    ) -> JoinHandle<RelayExit> {
+        let relay = write_side.relay(RelayConfig {
+            batch_size: 50,
+            ..RelayConfig::new(bootstrap, TOPIC)
+        });
+        tokio::spawn(async move {
+            relay
+                .run(drain, CancellationToken::new())
+                .await
+                .expect("the relay")
+        })
+    }
+
+    /// Publishes the events that are there before the rebuild: all in the topic on return.
+    async fn backlog(&self, bootstrap: &str) {
+        match self {
+            Self::Fills(events) => {
+                publish(bootstrap, TOPIC, &events[..6_000]).await;
+            }
+            Self::WriteSide(write_side) => {
+                let drain = CancellationToken::new();
+                let relay = Self::relay(write_side, bootstrap, drain.clone());
+                write_side
+                    .run_load(&Self::load(None, Some(600), 11), CancellationToken::new())
+                    .await
+                    .expect("the clients");
+                drain.cancel();
+                assert_eq!(relay.await.expect("the relay"), RelayExit::Drained);
+            }
+        }
+    }
+
+    /// Publishes at a steady pace until `stop`; everything committed is in the topic once
+    /// the task has ended.
+    fn stream(&self, bootstrap: String, stop: CancellationToken) -> JoinHandle<()> {
+        match self {
+            Self::Fills(events) => tokio::spawn(stream(bootstrap, events[6_000..].to_vec(), stop)),
+            Self::WriteSide(write_side) => {
+                let write_side = write_side.clone();
+                tokio::spawn(async move {
+                    let drain = CancellationToken::new();
+                    let relay = Self::relay(&write_side, &bootstrap, drain.clone());
+                    write_side
+                        .run_load(&Self::load(Some(300), None, 12), stop)
+                        .await
+                        .expect("the clients");
+                    drain.cancel();
+                    assert_eq!(relay.await.expect("the relay"), RelayExit::Drained);
+                })
+            }
+        }
+    }
+}
+
+/// Messages in the topic: the sum of its partitions' ends (it starts at 0).
+async fn topic_size(bootstrap: &str) -> i64 {
+    let config = config(bootstrap, TOPIC);
+    tokio::task::spawn_blocking(move || Log::connect(&config)?.extents())
+        .await
+        .expect("the log client")
+        .expect("the topic's extents")
+        .iter()
+        .map(|e| e.high)
+        .sum()
+}
+
+/// The fold of every distinct message in the topic, each partition in its order.
+async fn topic_reference(bootstrap: &str) -> Vec<Vec<String>> {
+    let bootstrap = bootstrap.to_owned();
+    let messages = tokio::task::spawn_blocking(move || read_topic(&bootstrap, TOPIC, LIMIT))
+        .await
+        .expect("the reader")
+        .expect("the topic read back");
+    let mut partitions: BTreeMap<i32, Partition> = BTreeMap::new();
+    for m in messages {
+        partitions
+            .entry(m.partition)
+            .or_insert_with(|| Partition::new("reference", m.partition))
+            .push_raw(m.key, m.payload);
+    }
+    fold(partitions.values()).await
 }
 
 /// (v1 consumed, v2 consumed, v2's state), sampled until `stop`.
@@ -417,15 +542,43 @@ async fn sample(db: &TestDb) -> Sample {
     (r.get(0), r.get(1), r.get(2))
 }
 
+/// The distinct offsets of v1 and of v2 the monitor saw while v2 was being built (from
+/// its first commit, or its seeding, on).
+fn while_building(samples: &Mutex<Vec<Sample>>) -> (BTreeSet<i64>, BTreeSet<i64>) {
+    samples
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|(_, v2, state)| state == "building" && *v2 > 0)
+        .map(|(v1, v2, _)| (*v1, *v2))
+        .unzip()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole() {
+    a_live_rebuild(Source::Earliest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_rebuild_from_a_snapshot_cuts_over_while_events_flow_and_readers_never_see_a_hole() {
+    a_live_rebuild(Source::Snapshot).await;
+}
+
+/// v1 is live and events flow at a steady pace while v2 is built from `source` and cut over;
+/// a reader polls the stable name throughout. From earliest, with the automatic cutover;
+/// from the write side's snapshot, cut over by hand once v2 tails the stream (its tail
+/// starts at the log's end, so its backlog is too small to watch v1 move meanwhile).
+async fn a_live_rebuild(source: Source) {
     let broker = DevBroker::start(1, &[(TOPIC, 3)]).expect("broker");
     let bootstrap = broker.bootstrap_servers();
     let registry = views();
     let db = Arc::new(TestDb::new(&registry).await);
-    let events = fills(60, 600);
-    let (backlog, rest) = events.split_at(6_000);
-    publish(&bootstrap, TOPIC, backlog).await;
+    let feed = match source {
+        Source::Earliest => Feed::Fills(fills(60, 600)),
+        Source::Snapshot => Feed::write_side(&db).await,
+    };
+    feed.backlog(&bootstrap).await;
+    let backlog = topic_size(&bootstrap).await;
 
     // v1 is live, run by the supervisor as `projector run` runs it.
     let commits = Arc::new(Commits::default());
@@ -445,7 +598,7 @@ async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole
     eventually(
         "v1 to apply the backlog",
         || consumed(&db, "portfolio_v1"),
-        |n| *n >= 6_000,
+        |n| *n >= backlog,
     )
     .await;
 
@@ -456,14 +609,8 @@ async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole
         reads.clone(),
         stop_reader.clone(),
     ));
-    let published = Arc::new(AtomicU64::new(backlog.len() as u64));
     let stop_stream = CancellationToken::new();
-    let streamer = tokio::spawn(stream(
-        bootstrap.clone(),
-        rest.to_vec(),
-        published.clone(),
-        stop_stream.clone(),
-    ));
+    let streamer = feed.stream(bootstrap.clone(), stop_stream.clone());
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let stop_monitor = CancellationToken::new();
     let monitor = {
@@ -477,23 +624,54 @@ async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole
         })
     };
 
-    let mut options = earliest(Cutover::Auto);
-    // Lag is measured while 600 events a second arrive.
-    options.cutover_lag = 300;
-    // Within a budget, as on a production system: the backlog alone takes at least two
-    // seconds, long enough to see v1 commit meanwhile however fast this machine is.
-    options.max_rate = Some(3_000);
-    let outcome = tokio::time::timeout(
-        LIMIT,
-        rebuild(&db, &bootstrap, TOPIC, &options, CancellationToken::new()),
-    )
-    .await
-    .expect("the rebuild to cut over in time")
-    .expect("the rebuild");
-    let reads_before = reads.queries.load(Ordering::SeqCst);
-    let Outcome::CutOver(report) = outcome else {
-        panic!("expected a cutover, got {outcome:?}");
+    let report = match source {
+        Source::Earliest => {
+            let mut options = earliest(Cutover::Auto);
+            // Lag is measured while 600 events a second arrive.
+            options.cutover_lag = 300;
+            // Within a budget, as on a production system: the backlog alone takes at least
+            // two seconds, long enough to see v1 commit meanwhile however fast this machine is.
+            options.max_rate = Some(3_000);
+            let outcome = tokio::time::timeout(
+                LIMIT,
+                rebuild(&db, &bootstrap, TOPIC, &options, CancellationToken::new()),
+            )
+            .await
+            .expect("the rebuild to cut over in time")
+            .expect("the rebuild");
+            let Outcome::CutOver(report) = outcome else {
+                panic!("expected a cutover, got {outcome:?}");
+            };
+            report
+        }
+        Source::Snapshot => {
+            let rebuilding = {
+                let (db, bootstrap) = (db.clone(), bootstrap.clone());
+                let options = snapshot(Cutover::Manual);
+                tokio::spawn(async move {
+                    rebuild(&db, &bootstrap, TOPIC, &options, CancellationToken::new()).await
+                })
+            };
+            let samples_ref = &samples;
+            eventually(
+                "v2 to tail the stream while v1 keeps committing",
+                || std::future::ready(while_building(samples_ref)),
+                |(v1, v2)| v1.len() >= 3 && v2.len() >= 2,
+            )
+            .await;
+            let report = cutover::cutover(&mut db.client().await, &registry, "portfolio", 2)
+                .await
+                .expect("the cutover");
+            let outcome = tokio::time::timeout(LIMIT, rebuilding)
+                .await
+                .expect("the rebuild to stop in time")
+                .expect("the rebuild's task")
+                .expect("the rebuild");
+            assert_eq!(outcome, Outcome::Stopped { version: 2 });
+            report
+        }
     };
+    let reads_before = reads.queries.load(Ordering::SeqCst);
     assert_eq!((report.old, report.new), (Some(1), 2));
     let at_cutover = consumed(&db, "portfolio_v2").await;
 
@@ -511,22 +689,22 @@ async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole
         |n| *n > at_cutover,
     )
     .await;
-    // Two more chunks, so that a v1 still running would have something to commit.
-    let then = published.load(Ordering::SeqCst);
-    let published_ref = &published;
+    // More of the stream, so that a v1 still running would have something to commit.
+    let then = topic_size(&bootstrap).await;
+    let bootstrap_ref = &bootstrap;
     eventually(
-        "two more chunks",
-        || std::future::ready(published_ref.load(Ordering::SeqCst)),
+        "more events",
+        || topic_size(bootstrap_ref),
         |n| *n >= then + 120,
     )
     .await;
     stop_stream.cancel();
     streamer.await.expect("the publisher");
-    let total = published.load(Ordering::SeqCst) as usize;
+    let total = topic_size(&bootstrap).await;
     eventually(
         "v2 to consume everything",
         || consumed(&db, "portfolio_v2"),
-        |n| *n >= total as i64,
+        |n| *n >= total,
     )
     .await;
     stop_reader.cancel();
@@ -539,26 +717,44 @@ async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole
         .expect("the supervisor stops cleanly");
 
     // v2, and the stable name, equal the fold of everything published.
-    let expected = reference(&events[..total]).await;
+    let expected = topic_reference(&bootstrap).await;
+    assert!(expected[0].len() > 20, "positions: {}", expected[0].len());
     assert_eq!(version_rows(&db, 2).await, expected);
     let client = db.client().await;
     assert_eq!(rows(&client, "portfolio").await, expected[0]);
     let v2 = offsets(&client, "portfolio_v2").await;
-    assert_eq!(v2.applied, total as i64, "every event applied once by v2");
-    assert_eq!(v2.duplicates, 0);
+    assert_eq!(v2.dead_lettered + v2.waiting, 0, "{v2:?}");
+    match source {
+        Source::Earliest => {
+            assert_eq!(v2.applied, total, "every event applied once by v2");
+            assert_eq!(v2.duplicates, 0);
+        }
+        Source::Snapshot => {
+            // Seeded, not replayed: the tail started at the log's end as it was before the
+            // snapshot, and applied only what followed.
+            assert!(
+                v2.applied > 0 && v2.accounted() <= total - backlog,
+                "v2 consumed {} of {total} messages, {backlog} of them before the rebuild: {v2:?}",
+                v2.accounted()
+            );
+            let parked = client
+                .query_one(
+                    "SELECT count(*) FROM projector.parked_accounts WHERE consumer = 'portfolio_v2'",
+                    &[],
+                )
+                .await
+                .expect("parked")
+                .get::<_, i64>(0);
+            assert_eq!(parked, 0);
+        }
+    }
 
     // v1 kept committing while v2 was being built: never paused for the rebuild.
-    let samples = samples.lock().expect("lock").clone();
-    let building: Vec<&Sample> = samples
-        .iter()
-        .filter(|(_, v2, state)| state == "building" && *v2 > 0)
-        .collect();
-    let v1_during: std::collections::BTreeSet<i64> = building.iter().map(|s| s.0).collect();
+    let (v1_during, v2_during) = while_building(&samples);
     assert!(
         v1_during.len() >= 3,
         "v1 must commit while v2 is built; v1 offsets seen meanwhile: {v1_during:?}"
     );
-    let v2_during: std::collections::BTreeSet<i64> = building.iter().map(|s| s.1).collect();
     assert!(
         v2_during.len() >= 2,
         "v2 was built meanwhile: {v2_during:?}"
@@ -572,7 +768,7 @@ async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole
         last_v1 < first_v2,
         "v1 committed after the supervisor started v2"
     );
-    assert!(consumed(&db, "portfolio_v1").await < total as i64);
+    assert!(consumed(&db, "portfolio_v1").await < total);
 
     // Readers of the stable name never saw it missing or empty, before or after the cutover.
     let errors = reads.errors.lock().expect("lock").clone();
