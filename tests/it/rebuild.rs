@@ -21,8 +21,8 @@ use crate::support::kafka::{config, ends_of, publish, publish_raw, Raw};
 use crate::support::process::{run_output, Output, Projector};
 use crate::support::{fills, offsets, rows};
 use projector_devkit::devbroker::{read_topic, DevBroker};
-use projector_devkit::writeside::{LoadConfig, RelayConfig, RelayExit, WriteSide};
-use projector_engine::kafka::source::{run_view, Observer};
+use projector_devkit::writeside::{LoadConfig, Order, RelayConfig, RelayExit, Side, WriteSide};
+use projector_engine::kafka::source::{run_view, NoObserver, Observer};
 use projector_engine::kafka::supervisor::{run_live, LiveOptions};
 use projector_engine::testkit::conformance::dump;
 use projector_engine::testkit::{cash, consume, fill, EventSpec, Lcg, Partition, TestDb};
@@ -1765,4 +1765,216 @@ async fn max_rate_bounds_what_the_rebuild_consumes() {
     stop.cancel();
     let outcome = running.await.expect("join").expect("rebuild");
     assert_eq!(outcome, Outcome::Stopped { version: 2 });
+}
+
+// --- 8. From the write side's snapshot --------------------------------------------------------
+
+/// Places one order of `account` per `(side, qty, price)` through the write side's intake.
+async fn place(write_side: &WriteSide, account: i64, orders: &[(Side, &str, &str)]) {
+    for (side, qty, price) in orders {
+        let order = Order {
+            symbol: "EURUSD".to_owned(),
+            side: *side,
+            qty: qty.parse().expect("a decimal"),
+            price: price.parse().expect("a decimal"),
+        };
+        // A fresh idempotency key per order.
+        static KEYS: AtomicU64 = AtomicU64::new(0);
+        let key = format!("order-{}", KEYS.fetch_add(1, Ordering::SeqCst));
+        let outcome = write_side
+            .intake()
+            .place(account, &key, order)
+            .await
+            .expect("the order");
+        assert!(outcome.is_accepted(), "{outcome:?}");
+    }
+}
+
+/// Publishes the outbox until it is empty.
+async fn relay_all(write_side: &WriteSide, bootstrap: &str) {
+    let drain = CancellationToken::new();
+    drain.cancel();
+    let relay = Feed::relay(write_side, bootstrap, drain);
+    assert_eq!(relay.await.expect("the relay"), RelayExit::Drained);
+}
+
+/// Parked accounts of a consumer: (account, reason, blocked seq).
+async fn parked(db: &TestDb, consumer: &str) -> Vec<(i64, String, i64)> {
+    db.client()
+        .await
+        .query(
+            "SELECT account_id, reason, blocked_seq FROM projector.parked_accounts \
+             WHERE consumer = $1 ORDER BY account_id",
+            &[&consumer],
+        )
+        .await
+        .expect("parked accounts")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+/// The write side's positions, and a version's portfolio rows, in the same columns as text.
+async fn truth_and_version(db: &TestDb, version: i32) -> (Vec<Vec<String>>, Vec<Vec<String>>) {
+    let client = db.client().await;
+    let read = |sql: String| {
+        let client = &client;
+        async move {
+            client
+                .query(&sql, &[])
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+                .iter()
+                .map(|r| (0..r.len()).map(|i| r.get::<_, String>(i)).collect())
+                .collect::<Vec<Vec<String>>>()
+        }
+    };
+    let truth = read(
+        "SELECT account_id::text, symbol, net_qty::text, round(avg_price, 10)::text, \
+                realized_pnl::text, last_trade_at::text, last_seq::text FROM positions ORDER BY 1, 2"
+            .to_owned(),
+    )
+    .await;
+    let view = read(format!(
+        "SELECT account_id::text, symbol, net_qty::text, avg_price::text, realized_pnl::text, \
+                last_trade_at::text, version::text FROM portfolio_v{version} ORDER BY 1, 2"
+    ))
+    .await;
+    (truth, view)
+}
+
+/// Runs `version` of portfolio as a plain consumer until it has consumed the whole topic.
+async fn consume_topic(db: &TestDb, bootstrap: &str, version: i32) {
+    let applier =
+        Arc::new(Applier::new(portfolio(version), SourceOrdering::PerAccount).expect("applier"));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(run_view(
+        applier,
+        db.pool().clone(),
+        config(bootstrap, TOPIC),
+        Arc::new(NoObserver),
+        stop.clone(),
+    ));
+    let size = topic_size(bootstrap).await;
+    let consumer = format!("portfolio_v{version}");
+    eventually(
+        "the topic to be consumed",
+        || consumed(db, &consumer),
+        |n| *n >= size,
+    )
+    .await;
+    stop.cancel();
+    task.await
+        .expect("the consumer's task")
+        .expect("the consumer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_from_a_snapshot_heals_an_account_whose_event_never_reached_the_log() {
+    use Side::{Buy, Sell};
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let registry = views();
+    let db = TestDb::new(&registry).await;
+    let Feed::WriteSide(write_side) = Feed::write_side(&db).await else {
+        unreachable!("a write side");
+    };
+
+    // Account 7's third event is committed on the write side but never reaches the log: its
+    // outbox row is lost (marked sent, never published). v1 parks the account at seq 3.
+    place(
+        &write_side,
+        7,
+        &[
+            (Buy, "10", "100"),
+            (Buy, "5", "110"),
+            (Sell, "8", "120.5"),
+            (Buy, "3", "90"),
+            (Sell, "2", "95.25"),
+        ],
+    )
+    .await;
+    place(&write_side, 8, &[(Buy, "4", "50"), (Sell, "1", "55")]).await;
+    let lost = write_side
+        .pool()
+        .get()
+        .await
+        .expect("connection")
+        .execute(
+            "UPDATE writeside.outbox SET sent_at = now() WHERE account_id = 7 AND seq = 3",
+            &[],
+        )
+        .await
+        .expect("losing the outbox row");
+    assert_eq!(lost, 1);
+    relay_all(&write_side, &bootstrap).await;
+    consume_topic(&db, &bootstrap, 1).await;
+    assert_eq!(
+        parked(&db, "portfolio_v1").await,
+        [(7, "gap".to_owned(), 3)]
+    );
+
+    // Account 8 trades on; the snapshot holds these, the log does not have them yet: the
+    // relay publishes them after the rebuild has looked at the log's end.
+    place(&write_side, 8, &[(Buy, "2", "60"), (Sell, "5", "58")]).await;
+
+    let outcome = tokio::time::timeout(
+        LIMIT,
+        rebuild(
+            &db,
+            &bootstrap,
+            TOPIC,
+            &snapshot(Cutover::Auto),
+            CancellationToken::new(),
+        ),
+    )
+    .await
+    .expect("the rebuild to cut over in time")
+    .expect("the rebuild");
+    let Outcome::CutOver(report) = outcome else {
+        panic!("expected a cutover, got {outcome:?}");
+    };
+    assert_eq!((report.old, report.new), (Some(1), 2));
+    // v2 holds more of accounts 7 and 8 than v1 had applied: their notices were never sent.
+    assert_eq!(report.accounts_ahead, 2);
+    let (truth, v2) = truth_and_version(&db, 2).await;
+    assert_eq!(v2, truth, "v2 is the write side's state");
+    assert!(
+        truth.iter().any(|r| r[0] == "7" && r[6] == "5"),
+        "{truth:?}"
+    );
+    assert_eq!(parked(&db, "portfolio_v2").await, []);
+
+    // The relay publishes account 8's held events (at or below v2's watermark: skipped), then
+    // later events of account 7 and of account 9, which the snapshot did not have at all.
+    relay_all(&write_side, &bootstrap).await;
+    place(&write_side, 7, &[(Sell, "1", "99"), (Buy, "6", "101")]).await;
+    place(&write_side, 9, &[(Buy, "1", "10"), (Buy, "1", "12")]).await;
+    relay_all(&write_side, &bootstrap).await;
+    consume_topic(&db, &bootstrap, 2).await;
+
+    let (truth, v2) = truth_and_version(&db, 2).await;
+    assert_eq!(v2, truth, "v2 follows the write side");
+    assert!(
+        truth.iter().any(|r| r[0] == "7" && r[6] == "7"),
+        "{truth:?}"
+    );
+    assert!(truth.iter().any(|r| r[0] == "9"), "{truth:?}");
+    assert_eq!(parked(&db, "portfolio_v2").await, []);
+    let counts = db
+        .client()
+        .await
+        .query_one(
+            "SELECT sum(applied)::bigint, sum(dup_watermark)::bigint, sum(duplicates)::bigint, \
+                    sum(waiting)::bigint FROM projector.offsets WHERE consumer = 'portfolio_v2'",
+            &[],
+        )
+        .await
+        .expect("v2's counts");
+    let counts: (i64, i64, i64, i64) = (counts.get(0), counts.get(1), counts.get(2), counts.get(3));
+    assert_eq!(
+        counts,
+        (4, 2, 2, 0),
+        "v2 applied 7's seqs 6 and 7 and 9's 1 and 2, and skipped 8's 3 and 4 below the watermark"
+    );
 }
