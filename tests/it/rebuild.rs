@@ -29,7 +29,9 @@ use projector_engine::testkit::{cash, consume, fill, EventSpec, Lcg, Partition, 
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
 use projector_rebuild::log::Log;
 use projector_rebuild::tail::Silent;
-use projector_rebuild::{cutover, verify, Cutover, Options, Outcome, RebuildError, Source};
+use projector_rebuild::{
+    cutover, verify, Cutover, CutoverReport, Options, Outcome, RebuildError, Source,
+};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -1977,4 +1979,78 @@ async fn a_rebuild_from_a_snapshot_heals_an_account_whose_event_never_reached_th
         (4, 2, 2, 0),
         "v2 applied 7's seqs 6 and 7 and 9's 1 and 2, and skipped 8's 3 and 4 below the watermark"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_committed_after_the_snapshot_and_published_before_the_tail_is_placed_is_applied()
+{
+    use Side::{Buy, Sell};
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = Arc::new(TestDb::new(&views()).await);
+    let Feed::WriteSide(write_side) = Feed::write_side(&db).await else {
+        unreachable!("a write side");
+    };
+    place(&write_side, 5, &[(Buy, "10", "100"), (Buy, "10", "120")]).await;
+    relay_all(&write_side, &bootstrap).await;
+
+    // The seeding records its watermarks after its snapshot statement and before it asks the
+    // log where the tail starts: held here, it waits in between.
+    let mut gate_client = db.client().await;
+    let gate = gate_client.transaction().await.expect("begin");
+    gate.batch_execute("LOCK TABLE projector.account_progress IN SHARE MODE")
+        .await
+        .expect("the gate");
+    let rebuilding = {
+        let db = db.clone();
+        let bootstrap = bootstrap.clone();
+        tokio::spawn(async move {
+            rebuild(
+                &db,
+                &bootstrap,
+                TOPIC,
+                &snapshot(Cutover::Auto),
+                CancellationToken::new(),
+            )
+            .await
+        })
+    };
+    let client = db.client().await;
+    eventually(
+        "the seeding to wait at the gate, its snapshot taken",
+        || async {
+            client
+                .query_one(
+                    "SELECT count(*) FROM pg_locks \
+                     WHERE relation = 'projector.account_progress'::regclass AND NOT granted",
+                    &[],
+                )
+                .await
+                .expect("locks")
+                .get::<_, i64>(0)
+        },
+        |waiting| *waiting > 0,
+    )
+    .await;
+    // Committed after the snapshot began, so not in it; in the log before the tail's start
+    // is looked up, where a lookup after the snapshot would start past it.
+    place(&write_side, 5, &[(Sell, "5", "130")]).await;
+    relay_all(&write_side, &bootstrap).await;
+    gate.commit().await.expect("opening the gate");
+
+    let outcome = tokio::time::timeout(LIMIT, rebuilding)
+        .await
+        .expect("the rebuild to cut over in time")
+        .expect("the rebuild's task")
+        .expect("the rebuild");
+    assert!(
+        matches!(outcome, Outcome::CutOver(CutoverReport { new: 2, .. })),
+        "{outcome:?}"
+    );
+    let (truth, v2) = truth_and_version(&db, 2).await;
+    assert_eq!(truth.len(), 1);
+    assert_eq!(truth[0][6], "3", "the write side's position reflects seq 3");
+    assert_eq!(v2, truth, "v2 applied seq 3 from the tail");
+    let v2 = offsets(&client, "portfolio_v2").await;
+    assert_eq!((v2.applied, v2.duplicates), (1, 0), "{v2:?}");
 }
