@@ -2054,3 +2054,111 @@ async fn an_event_committed_after_the_snapshot_and_published_before_the_tail_is_
     let v2 = offsets(&client, "portfolio_v2").await;
     assert_eq!((v2.applied, v2.duplicates), (1, 0), "{v2:?}");
 }
+
+/// Seeds `code` with `statement` as its snapshot statement, as the rebuild does.
+async fn seed_with(
+    db: &TestDb,
+    code: &Arc<dyn Projection>,
+    bootstrap: &str,
+    statement: String,
+) -> Result<projector_rebuild::seed::Seeded, RebuildError> {
+    projector_rebuild::seed::from_snapshot(
+        &mut db.client().await,
+        code,
+        &statement,
+        &config(bootstrap, TOPIC),
+        Duration::ZERO,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_statements_columns_are_read_by_name_and_a_wrong_one_is_an_error() {
+    let broker = DevBroker::start(1, &[(TOPIC, 1)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = TestDb::new(&views()).await;
+    let Feed::WriteSide(write_side) = Feed::write_side(&db).await else {
+        unreachable!("a write side");
+    };
+    // Account 5 at seq 2: swapped, the columns would record account 2 at seq 5.
+    place(
+        &write_side,
+        5,
+        &[(Side::Buy, "1", "10"), (Side::Buy, "1", "11")],
+    )
+    .await;
+    let code = portfolio(2);
+    let statement = code
+        .snapshot_sql()
+        .expect("portfolio has a snapshot statement");
+    let returned = "SELECT account_id, last_seq AS watermark_seq FROM account_seq";
+    assert!(statement.contains(returned), "{statement}");
+    let client = db.client().await;
+    client
+        .batch_execute(&projector_engine::projection::render(&*code, &code.ddl()))
+        .await
+        .expect("v2's tables");
+    let seed = |sql: String| seed_with(&db, &code, &bootstrap, sql);
+
+    // The documented columns, in another order: read by name, not position.
+    let swapped = statement.replace(
+        returned,
+        "SELECT last_seq AS watermark_seq, account_id FROM account_seq",
+    );
+    let seeded = seed(swapped).await.expect("seeded");
+    assert_eq!(seeded.accounts, 1);
+    let progress: Vec<(i64, i64, Option<i64>)> = client
+        .query(
+            "SELECT account_id, last_seq, watermark_seq FROM projector.account_progress \
+             WHERE consumer = 'portfolio_v2'",
+            &[],
+        )
+        .await
+        .expect("progress")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(progress, [(5, 2, Some(2))]);
+
+    // A statement without them is refused in one line, not a panic; nothing is recorded.
+    client
+        .batch_execute("DELETE FROM projector.account_progress; TRUNCATE portfolio_v2")
+        .await
+        .expect("clean");
+    let wrong = statement.replace(returned, "SELECT account_id, last_seq FROM account_seq");
+    let error = seed(wrong).await.expect_err("no watermark_seq column");
+    assert!(
+        matches!(error, RebuildError::SnapshotColumns(_)),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("watermark_seq"), "{error}");
+    let left: i64 = client
+        .query_one(
+            "SELECT count(*) FROM projector.account_progress WHERE consumer = 'portfolio_v2'",
+            &[],
+        )
+        .await
+        .expect("progress")
+        .get(0);
+    assert_eq!(left, 0);
+
+    // A rebuild whose statement has the wrong shape (here the write side's counter is not a
+    // bigint) stops in one line and leaves nothing behind, as any failed snapshot does.
+    client
+        .batch_execute("ALTER TABLE account_seq ALTER last_seq TYPE integer")
+        .await
+        .expect("a counter of the wrong type");
+    let error = rebuild(
+        &db,
+        &bootstrap,
+        TOPIC,
+        &snapshot(Cutover::Auto),
+        CancellationToken::new(),
+    )
+    .await
+    .expect_err("a snapshot of the wrong shape");
+    assert!(error.to_string().contains("watermark_seq int4"), "{error}");
+    assert_eq!(states(&db).await, [state(1, "live", false)]);
+    assert_eq!(owned(&db, "portfolio_v2").await, nothing_owned());
+    assert!(!table_exists(&db, "portfolio_v2").await);
+}
