@@ -416,7 +416,8 @@ enum Feed {
     Fills(Vec<EventSpec>),
     /// The write side's clients and outbox relay: its `positions` and `account_seq`, which a
     /// rebuild `--from snapshot` reads, are the state of what it published (and of what it
-    /// committed and has not published yet).
+    /// committed and has not published yet). During the rebuild its relay crashes now and
+    /// then between publishing and marking, so some events land twice.
     WriteSide(WriteSide),
 }
 
@@ -438,14 +439,18 @@ impl Feed {
         }
     }
 
-    /// The relay, publishing until `drain` once the outbox is empty.
+    /// The relay, publishing until `drain` once the outbox is empty; `crash_percent` of its
+    /// batches are published again at new offsets (a crash between publishing and marking).
     fn relay(
         write_side: &WriteSide,
         bootstrap: &str,
+        crash_percent: u8,
         drain: CancellationToken,
     ) -> JoinHandle<RelayExit> {
         let relay = write_side.relay(RelayConfig {
             batch_size: 50,
+            crash_percent,
+            seed: 7,
             ..RelayConfig::new(bootstrap, TOPIC)
         });
         tokio::spawn(async move {
@@ -464,7 +469,7 @@ impl Feed {
             }
             Self::WriteSide(write_side) => {
                 let drain = CancellationToken::new();
-                let relay = Self::relay(write_side, bootstrap, drain.clone());
+                let relay = Self::relay(write_side, bootstrap, 0, drain.clone());
                 write_side
                     .run_load(&Self::load(None, Some(600), 11), CancellationToken::new())
                     .await
@@ -484,7 +489,7 @@ impl Feed {
                 let write_side = write_side.clone();
                 tokio::spawn(async move {
                     let drain = CancellationToken::new();
-                    let relay = Self::relay(&write_side, &bootstrap, drain.clone());
+                    let relay = Self::relay(&write_side, &bootstrap, 10, drain.clone());
                     write_side
                         .run_load(&Self::load(Some(300), None, 12), stop)
                         .await
@@ -1796,7 +1801,7 @@ async fn place(write_side: &WriteSide, account: i64, orders: &[(Side, &str, &str
 async fn relay_all(write_side: &WriteSide, bootstrap: &str) {
     let drain = CancellationToken::new();
     drain.cancel();
-    let relay = Feed::relay(write_side, bootstrap, drain);
+    let relay = Feed::relay(write_side, bootstrap, 0, drain);
     assert_eq!(relay.await.expect("the relay"), RelayExit::Drained);
 }
 
