@@ -2027,7 +2027,8 @@ async fn an_event_committed_after_the_snapshot_and_published_before_the_tail_is_
             client
                 .query_one(
                     "SELECT count(*) FROM pg_locks \
-                     WHERE relation = 'projector.account_progress'::regclass AND NOT granted",
+                     WHERE database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                       AND relation = 'projector.account_progress'::regclass AND NOT granted",
                     &[],
                 )
                 .await
