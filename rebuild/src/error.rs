@@ -16,6 +16,9 @@ pub enum RebuildError {
     /// `--from snapshot` for a view without a snapshot statement.
     #[error("view {0} has no snapshot statement (Projection::snapshot_sql); rebuild it with --from earliest")]
     NoSnapshot(String),
+    /// The view's snapshot statement does not return what the contract asks for.
+    #[error("the view's snapshot statement must return account_id and watermark_seq, both bigint and never NULL (docs/views.md): {0}")]
+    SnapshotColumns(String),
     /// `--from earliest` on a log that no longer starts at every account's first event.
     #[error("the log no longer starts at the first event: {detail}; rebuild --from snapshot, or pass --allow-gaps to build anyway (those accounts park until an engineer resolves them)")]
     LogTrimmed {

@@ -181,13 +181,19 @@ pub async fn rebuild(
                     Ok(seeded) => seeded,
                     Err(e) => {
                         // Seeding is one transaction: nothing was built. A snapshot that
-                        // cannot be taken (the write side's tables are not reachable, say)
-                        // leaves no half-registered version behind.
-                        if let RebuildError::Database { error, .. } = &e {
-                            if error.code().is_some_and(|c| !c.code().starts_with("08")) {
-                                drop(holding.take());
-                                cutover::cancel(&mut client, registry, name).await?;
+                        // cannot be taken (the write side's tables are not reachable, a
+                        // statement of the wrong shape) leaves no half-registered version
+                        // behind.
+                        let for_good = match &e {
+                            RebuildError::Database { error, .. } => {
+                                error.code().is_some_and(|c| !c.code().starts_with("08"))
                             }
+                            RebuildError::SnapshotColumns(_) => true,
+                            _ => false,
+                        };
+                        if for_good {
+                            drop(holding.take());
+                            cutover::cancel(&mut client, registry, name).await?;
                         }
                         return Err(e);
                     }

@@ -18,6 +18,7 @@ use deadpool_postgres::Client;
 use projector_engine::kafka::source::KafkaConfig;
 use projector_engine::projection::render;
 use projector_engine::Projection;
+use tokio_postgres::types::Type;
 use tokio_postgres::IsolationLevel;
 
 use crate::error::{db, RebuildError};
@@ -66,15 +67,38 @@ pub async fn from_snapshot(
         .await
         .map_err(db("taking the snapshot"))?
         .get(0);
-    let watermarks = tx
-        .query(&render(&**view, snapshot_sql), &[])
+    let statement = tx
+        .prepare(&render(&**view, snapshot_sql))
         .await
         .map_err(db(
-            "running the view's snapshot statement (it reads the write side's tables, see docs/views.md)",
+            "preparing the view's snapshot statement (it reads the write side's tables, see docs/views.md)",
         ))?;
+    // By name: the contract names the columns, not their order.
+    let shape = || {
+        let returned: Vec<String> = statement
+            .columns()
+            .iter()
+            .map(|c| format!("{} {}", c.name(), c.type_()))
+            .collect();
+        RebuildError::SnapshotColumns(format!("it returns [{}]", returned.join(", ")))
+    };
+    let column = |name: &str| {
+        statement
+            .columns()
+            .iter()
+            .position(|c| c.name() == name && *c.type_() == Type::INT8)
+            .ok_or_else(shape)
+    };
+    let (account_at, watermark_at) = (column("account_id")?, column("watermark_seq")?);
+    let watermarks = tx.query(&statement, &[]).await.map_err(db(
+        "running the view's snapshot statement (it reads the write side's tables, see docs/views.md)",
+    ))?;
     let (accounts, seqs): (Vec<i64>, Vec<i64>) = watermarks
         .iter()
-        .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1)))
+        .map(|r| Ok((r.try_get(account_at)?, r.try_get(watermark_at)?)))
+        .collect::<Result<Vec<(i64, i64)>, tokio_postgres::Error>>()
+        .map_err(|_| RebuildError::SnapshotColumns("a row has a NULL in one of them".to_owned()))?
+        .into_iter()
         .unzip();
     tx.execute(
         "INSERT INTO projector.account_progress (consumer, account_id, last_seq, watermark_seq) \

@@ -2,14 +2,16 @@
 //! real PostgreSQL and librdkafka's mock cluster: the library in-process where a test has to
 //! watch the rebuild closely, the binary where a process must die or a command line must
 //! answer. Every test rebuilds `portfolio` (order-dependent: a skipped, repeated or
-//! reordered event changes its rows) into v2 `--from earliest` and compares it with the fold
-//! of the distinct events.
+//! reordered event changes its rows) into v2, `--from earliest` or from the snapshot of the
+//! write side (`projector_devkit::writeside`: its clients, ledger and outbox relay, in the
+//! test's database), and compares it with the fold of the distinct events, or with the write
+//! side's positions where the log lost an event.
 //!
-//! Not here: the snapshot source (it needs the write side's tables), and anything that needs
-//! offsets by time, which the mock cluster does not answer (every timestamp gets the end of
-//! the log).
+//! Not here: anything that needs offsets by time, which the mock cluster does not answer
+//! (every timestamp gets the end of the log): a snapshot's tail starts where the log ended
+//! just before the snapshot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,14 +20,19 @@ use std::time::{Duration, Instant};
 use crate::support::kafka::{config, ends_of, publish, publish_raw, Raw};
 use crate::support::process::{run_output, Output, Projector};
 use crate::support::{fills, offsets, rows};
-use projector_devkit::devbroker::DevBroker;
-use projector_engine::kafka::source::{run_view, Observer};
+use projector_devkit::devbroker::{read_topic, DevBroker};
+use projector_devkit::writeside::{LoadConfig, Order, RelayConfig, RelayExit, Side, WriteSide};
+use projector_engine::kafka::source::{run_view, NoObserver, Observer};
 use projector_engine::kafka::supervisor::{run_live, LiveOptions};
 use projector_engine::testkit::conformance::dump;
 use projector_engine::testkit::{cash, consume, fill, EventSpec, Lcg, Partition, TestDb};
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
+use projector_rebuild::log::Log;
 use projector_rebuild::tail::Silent;
-use projector_rebuild::{cutover, verify, Cutover, Options, Outcome, RebuildError, Source};
+use projector_rebuild::{
+    cutover, verify, Cutover, CutoverReport, Options, Outcome, RebuildError, Source,
+};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -58,6 +65,13 @@ fn earliest(cutover: Cutover) -> Options {
     o.cutover = cutover;
     o.tick = Duration::from_millis(100);
     o.batch_messages = 500;
+    o
+}
+
+/// A rebuild of portfolio from the write side's snapshot that looks at the registry often.
+fn snapshot(cutover: Cutover) -> Options {
+    let mut o = earliest(cutover);
+    o.source = Source::Snapshot;
     o
 }
 
@@ -103,16 +117,18 @@ async fn rebuild_and_cut_over(db: &TestDb, bootstrap: &str, topic: &str) {
 /// The portfolio tables after the distinct events were applied once each, in the order
 /// given, in a database of their own.
 async fn reference(events: &[EventSpec]) -> Vec<Vec<String>> {
+    fold([&Partition::from_events("reference", 0, events)]).await
+}
+
+/// The portfolio tables after the partitions' distinct events were applied once each, in
+/// each partition's order, in a database of their own.
+async fn fold<'a>(partitions: impl IntoIterator<Item = &'a Partition>) -> Vec<Vec<String>> {
     let db = TestDb::new(&views()).await;
     let applier = Applier::new(portfolio(1), SourceOrdering::PerAccount).expect("applier");
     let mut client = db.client().await;
-    consume(
-        &applier,
-        &mut client,
-        &Partition::from_events("reference", 0, events),
-        500,
-    )
-    .await;
+    for p in partitions {
+        consume(&applier, &mut client, p, 500).await;
+    }
     dump(&client, &*portfolio(1)).await
 }
 
@@ -382,12 +398,7 @@ async fn read_stable_name(url: String, reads: Arc<Reads>, stop: CancellationToke
 }
 
 /// Publishes `events` in chunks at a steady pace until `stop` (or the events run out).
-async fn stream(
-    bootstrap: String,
-    events: Vec<EventSpec>,
-    published: Arc<AtomicU64>,
-    stop: CancellationToken,
-) {
+async fn stream(bootstrap: String, events: Vec<EventSpec>, stop: CancellationToken) {
     let mut pace = tokio::time::interval(Duration::from_millis(100));
     for chunk in events.chunks(60) {
         tokio::select! {
@@ -395,8 +406,129 @@ async fn stream(
             _ = pace.tick() => {}
         }
         publish(&bootstrap, TOPIC, chunk).await;
-        published.fetch_add(chunk.len() as u64, Ordering::SeqCst);
     }
+}
+
+/// Where a live rebuild's events come from.
+enum Feed {
+    /// Generated fills published straight to the topic: 6,000 of them before the rebuild,
+    /// the rest at 600 a second during it.
+    Fills(Vec<EventSpec>),
+    /// The write side's clients and outbox relay: its `positions` and `account_seq`, which a
+    /// rebuild `--from snapshot` reads, are the state of what it published (and of what it
+    /// committed and has not published yet). During the rebuild its relay crashes now and
+    /// then between publishing and marking, so some events land twice.
+    WriteSide(WriteSide),
+}
+
+impl Feed {
+    async fn write_side(db: &TestDb) -> Self {
+        let pool = projector_engine::db::pool(db.url(), 10).expect("pool");
+        Self::WriteSide(WriteSide::new(pool).await.expect("write side"))
+    }
+
+    /// Clients of 20 accounts (busts, cash and retries included), at `rate` requests a
+    /// second or as fast as they go.
+    fn load(rate: Option<u32>, max_requests: Option<u64>, seed: u64) -> LoadConfig {
+        LoadConfig {
+            rate,
+            max_requests,
+            seed,
+            clients: 4,
+            ..LoadConfig::new(20)
+        }
+    }
+
+    /// The relay, publishing until `drain` once the outbox is empty; `crash_percent` of its
+    /// batches are published again at new offsets (a crash between publishing and marking).
+    fn relay(
+        write_side: &WriteSide,
+        bootstrap: &str,
+        crash_percent: u8,
+        drain: CancellationToken,
+    ) -> JoinHandle<RelayExit> {
+        let relay = write_side.relay(RelayConfig {
+            batch_size: 50,
+            crash_percent,
+            seed: 7,
+            ..RelayConfig::new(bootstrap, TOPIC)
+        });
+        tokio::spawn(async move {
+            relay
+                .run(drain, CancellationToken::new())
+                .await
+                .expect("the relay")
+        })
+    }
+
+    /// Publishes the events that are there before the rebuild: all in the topic on return.
+    async fn backlog(&self, bootstrap: &str) {
+        match self {
+            Self::Fills(events) => {
+                publish(bootstrap, TOPIC, &events[..6_000]).await;
+            }
+            Self::WriteSide(write_side) => {
+                let drain = CancellationToken::new();
+                let relay = Self::relay(write_side, bootstrap, 0, drain.clone());
+                write_side
+                    .run_load(&Self::load(None, Some(600), 11), CancellationToken::new())
+                    .await
+                    .expect("the clients");
+                drain.cancel();
+                assert_eq!(relay.await.expect("the relay"), RelayExit::Drained);
+            }
+        }
+    }
+
+    /// Publishes at a steady pace until `stop`; everything committed is in the topic once
+    /// the task has ended.
+    fn stream(&self, bootstrap: String, stop: CancellationToken) -> JoinHandle<()> {
+        match self {
+            Self::Fills(events) => tokio::spawn(stream(bootstrap, events[6_000..].to_vec(), stop)),
+            Self::WriteSide(write_side) => {
+                let write_side = write_side.clone();
+                tokio::spawn(async move {
+                    let drain = CancellationToken::new();
+                    let relay = Self::relay(&write_side, &bootstrap, 10, drain.clone());
+                    write_side
+                        .run_load(&Self::load(Some(300), None, 12), stop)
+                        .await
+                        .expect("the clients");
+                    drain.cancel();
+                    assert_eq!(relay.await.expect("the relay"), RelayExit::Drained);
+                })
+            }
+        }
+    }
+}
+
+/// Messages in the topic: the sum of its partitions' ends (it starts at 0).
+async fn topic_size(bootstrap: &str) -> i64 {
+    let config = config(bootstrap, TOPIC);
+    tokio::task::spawn_blocking(move || Log::connect(&config)?.extents())
+        .await
+        .expect("the log client")
+        .expect("the topic's extents")
+        .iter()
+        .map(|e| e.high)
+        .sum()
+}
+
+/// The fold of every distinct message in the topic, each partition in its order.
+async fn topic_reference(bootstrap: &str) -> Vec<Vec<String>> {
+    let bootstrap = bootstrap.to_owned();
+    let messages = tokio::task::spawn_blocking(move || read_topic(&bootstrap, TOPIC, LIMIT))
+        .await
+        .expect("the reader")
+        .expect("the topic read back");
+    let mut partitions: BTreeMap<i32, Partition> = BTreeMap::new();
+    for m in messages {
+        partitions
+            .entry(m.partition)
+            .or_insert_with(|| Partition::new("reference", m.partition))
+            .push_raw(m.key, m.payload);
+    }
+    fold(partitions.values()).await
 }
 
 /// (v1 consumed, v2 consumed, v2's state), sampled until `stop`.
@@ -417,15 +549,43 @@ async fn sample(db: &TestDb) -> Sample {
     (r.get(0), r.get(1), r.get(2))
 }
 
+/// The distinct offsets of v1 and of v2 the monitor saw while v2 was being built (from
+/// its first commit, or its seeding, on).
+fn while_building(samples: &Mutex<Vec<Sample>>) -> (BTreeSet<i64>, BTreeSet<i64>) {
+    samples
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|(_, v2, state)| state == "building" && *v2 > 0)
+        .map(|(v1, v2, _)| (*v1, *v2))
+        .unzip()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole() {
+    a_live_rebuild(Source::Earliest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_rebuild_from_a_snapshot_cuts_over_while_events_flow_and_readers_never_see_a_hole() {
+    a_live_rebuild(Source::Snapshot).await;
+}
+
+/// v1 is live and events flow at a steady pace while v2 is built from `source` and cut over;
+/// a reader polls the stable name throughout. From earliest, with the automatic cutover;
+/// from the write side's snapshot, cut over by hand once v2 tails the stream (its tail
+/// starts at the log's end, so its backlog is too small to watch v1 move meanwhile).
+async fn a_live_rebuild(source: Source) {
     let broker = DevBroker::start(1, &[(TOPIC, 3)]).expect("broker");
     let bootstrap = broker.bootstrap_servers();
     let registry = views();
     let db = Arc::new(TestDb::new(&registry).await);
-    let events = fills(60, 600);
-    let (backlog, rest) = events.split_at(6_000);
-    publish(&bootstrap, TOPIC, backlog).await;
+    let feed = match source {
+        Source::Earliest => Feed::Fills(fills(60, 600)),
+        Source::Snapshot => Feed::write_side(&db).await,
+    };
+    feed.backlog(&bootstrap).await;
+    let backlog = topic_size(&bootstrap).await;
 
     // v1 is live, run by the supervisor as `projector run` runs it.
     let commits = Arc::new(Commits::default());
@@ -445,7 +605,7 @@ async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole
     eventually(
         "v1 to apply the backlog",
         || consumed(&db, "portfolio_v1"),
-        |n| *n >= 6_000,
+        |n| *n >= backlog,
     )
     .await;
 
@@ -456,14 +616,8 @@ async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole
         reads.clone(),
         stop_reader.clone(),
     ));
-    let published = Arc::new(AtomicU64::new(backlog.len() as u64));
     let stop_stream = CancellationToken::new();
-    let streamer = tokio::spawn(stream(
-        bootstrap.clone(),
-        rest.to_vec(),
-        published.clone(),
-        stop_stream.clone(),
-    ));
+    let streamer = feed.stream(bootstrap.clone(), stop_stream.clone());
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let stop_monitor = CancellationToken::new();
     let monitor = {
@@ -477,23 +631,54 @@ async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole
         })
     };
 
-    let mut options = earliest(Cutover::Auto);
-    // Lag is measured while 600 events a second arrive.
-    options.cutover_lag = 300;
-    // Within a budget, as on a production system: the backlog alone takes at least two
-    // seconds, long enough to see v1 commit meanwhile however fast this machine is.
-    options.max_rate = Some(3_000);
-    let outcome = tokio::time::timeout(
-        LIMIT,
-        rebuild(&db, &bootstrap, TOPIC, &options, CancellationToken::new()),
-    )
-    .await
-    .expect("the rebuild to cut over in time")
-    .expect("the rebuild");
-    let reads_before = reads.queries.load(Ordering::SeqCst);
-    let Outcome::CutOver(report) = outcome else {
-        panic!("expected a cutover, got {outcome:?}");
+    let report = match source {
+        Source::Earliest => {
+            let mut options = earliest(Cutover::Auto);
+            // Lag is measured while 600 events a second arrive.
+            options.cutover_lag = 300;
+            // Within a budget, as on a production system: the backlog alone takes at least
+            // two seconds, long enough to see v1 commit meanwhile however fast this machine is.
+            options.max_rate = Some(3_000);
+            let outcome = tokio::time::timeout(
+                LIMIT,
+                rebuild(&db, &bootstrap, TOPIC, &options, CancellationToken::new()),
+            )
+            .await
+            .expect("the rebuild to cut over in time")
+            .expect("the rebuild");
+            let Outcome::CutOver(report) = outcome else {
+                panic!("expected a cutover, got {outcome:?}");
+            };
+            report
+        }
+        Source::Snapshot => {
+            let rebuilding = {
+                let (db, bootstrap) = (db.clone(), bootstrap.clone());
+                let options = snapshot(Cutover::Manual);
+                tokio::spawn(async move {
+                    rebuild(&db, &bootstrap, TOPIC, &options, CancellationToken::new()).await
+                })
+            };
+            let samples_ref = &samples;
+            eventually(
+                "v2 to tail the stream while v1 keeps committing",
+                || std::future::ready(while_building(samples_ref)),
+                |(v1, v2)| v1.len() >= 3 && v2.len() >= 2,
+            )
+            .await;
+            let report = cutover::cutover(&mut db.client().await, &registry, "portfolio", 2)
+                .await
+                .expect("the cutover");
+            let outcome = tokio::time::timeout(LIMIT, rebuilding)
+                .await
+                .expect("the rebuild to stop in time")
+                .expect("the rebuild's task")
+                .expect("the rebuild");
+            assert_eq!(outcome, Outcome::Stopped { version: 2 });
+            report
+        }
     };
+    let reads_before = reads.queries.load(Ordering::SeqCst);
     assert_eq!((report.old, report.new), (Some(1), 2));
     let at_cutover = consumed(&db, "portfolio_v2").await;
 
@@ -511,22 +696,22 @@ async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole
         |n| *n > at_cutover,
     )
     .await;
-    // Two more chunks, so that a v1 still running would have something to commit.
-    let then = published.load(Ordering::SeqCst);
-    let published_ref = &published;
+    // More of the stream, so that a v1 still running would have something to commit.
+    let then = topic_size(&bootstrap).await;
+    let bootstrap_ref = &bootstrap;
     eventually(
-        "two more chunks",
-        || std::future::ready(published_ref.load(Ordering::SeqCst)),
+        "more events",
+        || topic_size(bootstrap_ref),
         |n| *n >= then + 120,
     )
     .await;
     stop_stream.cancel();
     streamer.await.expect("the publisher");
-    let total = published.load(Ordering::SeqCst) as usize;
+    let total = topic_size(&bootstrap).await;
     eventually(
         "v2 to consume everything",
         || consumed(&db, "portfolio_v2"),
-        |n| *n >= total as i64,
+        |n| *n >= total,
     )
     .await;
     stop_reader.cancel();
@@ -539,26 +724,44 @@ async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole
         .expect("the supervisor stops cleanly");
 
     // v2, and the stable name, equal the fold of everything published.
-    let expected = reference(&events[..total]).await;
+    let expected = topic_reference(&bootstrap).await;
+    assert!(expected[0].len() > 20, "positions: {}", expected[0].len());
     assert_eq!(version_rows(&db, 2).await, expected);
     let client = db.client().await;
     assert_eq!(rows(&client, "portfolio").await, expected[0]);
     let v2 = offsets(&client, "portfolio_v2").await;
-    assert_eq!(v2.applied, total as i64, "every event applied once by v2");
-    assert_eq!(v2.duplicates, 0);
+    assert_eq!(v2.dead_lettered + v2.waiting, 0, "{v2:?}");
+    match source {
+        Source::Earliest => {
+            assert_eq!(v2.applied, total, "every event applied once by v2");
+            assert_eq!(v2.duplicates, 0);
+        }
+        Source::Snapshot => {
+            // Seeded, not replayed: the tail started at the log's end as it was before the
+            // snapshot, and applied only what followed.
+            assert!(
+                v2.applied > 0 && v2.accounted() <= total - backlog,
+                "v2 consumed {} of {total} messages, {backlog} of them before the rebuild: {v2:?}",
+                v2.accounted()
+            );
+            let parked = client
+                .query_one(
+                    "SELECT count(*) FROM projector.parked_accounts WHERE consumer = 'portfolio_v2'",
+                    &[],
+                )
+                .await
+                .expect("parked")
+                .get::<_, i64>(0);
+            assert_eq!(parked, 0);
+        }
+    }
 
     // v1 kept committing while v2 was being built: never paused for the rebuild.
-    let samples = samples.lock().expect("lock").clone();
-    let building: Vec<&Sample> = samples
-        .iter()
-        .filter(|(_, v2, state)| state == "building" && *v2 > 0)
-        .collect();
-    let v1_during: std::collections::BTreeSet<i64> = building.iter().map(|s| s.0).collect();
+    let (v1_during, v2_during) = while_building(&samples);
     assert!(
         v1_during.len() >= 3,
         "v1 must commit while v2 is built; v1 offsets seen meanwhile: {v1_during:?}"
     );
-    let v2_during: std::collections::BTreeSet<i64> = building.iter().map(|s| s.1).collect();
     assert!(
         v2_during.len() >= 2,
         "v2 was built meanwhile: {v2_during:?}"
@@ -572,7 +775,7 @@ async fn a_live_rebuild_cuts_over_while_events_flow_and_readers_never_see_a_hole
         last_v1 < first_v2,
         "v1 committed after the supervisor started v2"
     );
-    assert!(consumed(&db, "portfolio_v1").await < total as i64);
+    assert!(consumed(&db, "portfolio_v1").await < total);
 
     // Readers of the stable name never saw it missing or empty, before or after the cutover.
     let errors = reads.errors.lock().expect("lock").clone();
@@ -1569,4 +1772,399 @@ async fn max_rate_bounds_what_the_rebuild_consumes() {
     stop.cancel();
     let outcome = running.await.expect("join").expect("rebuild");
     assert_eq!(outcome, Outcome::Stopped { version: 2 });
+}
+
+// --- 8. From the write side's snapshot --------------------------------------------------------
+
+/// Places one order of `account` per `(side, qty, price)` through the write side's intake.
+async fn place(write_side: &WriteSide, account: i64, orders: &[(Side, &str, &str)]) {
+    for (side, qty, price) in orders {
+        let order = Order {
+            symbol: "EURUSD".to_owned(),
+            side: *side,
+            qty: qty.parse().expect("a decimal"),
+            price: price.parse().expect("a decimal"),
+        };
+        // A fresh idempotency key per order.
+        static KEYS: AtomicU64 = AtomicU64::new(0);
+        let key = format!("order-{}", KEYS.fetch_add(1, Ordering::SeqCst));
+        let outcome = write_side
+            .intake()
+            .place(account, &key, order)
+            .await
+            .expect("the order");
+        assert!(outcome.is_accepted(), "{outcome:?}");
+    }
+}
+
+/// Publishes the outbox until it is empty.
+async fn relay_all(write_side: &WriteSide, bootstrap: &str) {
+    let drain = CancellationToken::new();
+    drain.cancel();
+    let relay = Feed::relay(write_side, bootstrap, 0, drain);
+    assert_eq!(relay.await.expect("the relay"), RelayExit::Drained);
+}
+
+/// Parked accounts of a consumer: (account, reason, blocked seq).
+async fn parked(db: &TestDb, consumer: &str) -> Vec<(i64, String, i64)> {
+    db.client()
+        .await
+        .query(
+            "SELECT account_id, reason, blocked_seq FROM projector.parked_accounts \
+             WHERE consumer = $1 ORDER BY account_id",
+            &[&consumer],
+        )
+        .await
+        .expect("parked accounts")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+/// The write side's positions, and a version's portfolio rows, in the same columns as text.
+async fn truth_and_version(db: &TestDb, version: i32) -> (Vec<Vec<String>>, Vec<Vec<String>>) {
+    let client = db.client().await;
+    let read = |sql: String| {
+        let client = &client;
+        async move {
+            client
+                .query(&sql, &[])
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+                .iter()
+                .map(|r| (0..r.len()).map(|i| r.get::<_, String>(i)).collect())
+                .collect::<Vec<Vec<String>>>()
+        }
+    };
+    let truth = read(
+        "SELECT account_id::text, symbol, net_qty::text, round(avg_price, 10)::text, \
+                realized_pnl::text, last_trade_at::text, last_seq::text FROM positions ORDER BY 1, 2"
+            .to_owned(),
+    )
+    .await;
+    let view = read(format!(
+        "SELECT account_id::text, symbol, net_qty::text, avg_price::text, realized_pnl::text, \
+                last_trade_at::text, version::text FROM portfolio_v{version} ORDER BY 1, 2"
+    ))
+    .await;
+    (truth, view)
+}
+
+/// Runs `version` of portfolio as a plain consumer until it has consumed the whole topic.
+async fn consume_topic(db: &TestDb, bootstrap: &str, version: i32) {
+    let applier =
+        Arc::new(Applier::new(portfolio(version), SourceOrdering::PerAccount).expect("applier"));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(run_view(
+        applier,
+        db.pool().clone(),
+        config(bootstrap, TOPIC),
+        Arc::new(NoObserver),
+        stop.clone(),
+    ));
+    let size = topic_size(bootstrap).await;
+    let consumer = format!("portfolio_v{version}");
+    eventually(
+        "the topic to be consumed",
+        || consumed(db, &consumer),
+        |n| *n >= size,
+    )
+    .await;
+    stop.cancel();
+    task.await
+        .expect("the consumer's task")
+        .expect("the consumer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_from_a_snapshot_heals_an_account_whose_event_never_reached_the_log() {
+    use Side::{Buy, Sell};
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let registry = views();
+    let db = TestDb::new(&registry).await;
+    let Feed::WriteSide(write_side) = Feed::write_side(&db).await else {
+        unreachable!("a write side");
+    };
+
+    // Account 7's third event is committed on the write side but never reaches the log: its
+    // outbox row is lost (marked sent, never published). v1 parks the account at seq 3.
+    place(
+        &write_side,
+        7,
+        &[
+            (Buy, "10", "100"),
+            (Buy, "5", "110"),
+            (Sell, "8", "120.5"),
+            (Buy, "3", "90"),
+            (Sell, "2", "95.25"),
+        ],
+    )
+    .await;
+    place(&write_side, 8, &[(Buy, "4", "50"), (Sell, "1", "55")]).await;
+    let lost = write_side
+        .pool()
+        .get()
+        .await
+        .expect("connection")
+        .execute(
+            "UPDATE writeside.outbox SET sent_at = now() WHERE account_id = 7 AND seq = 3",
+            &[],
+        )
+        .await
+        .expect("losing the outbox row");
+    assert_eq!(lost, 1);
+    relay_all(&write_side, &bootstrap).await;
+    consume_topic(&db, &bootstrap, 1).await;
+    assert_eq!(
+        parked(&db, "portfolio_v1").await,
+        [(7, "gap".to_owned(), 3)]
+    );
+
+    // Account 8 trades on; the snapshot holds these, the log does not have them yet: the
+    // relay publishes them after the rebuild has looked at the log's end.
+    place(&write_side, 8, &[(Buy, "2", "60"), (Sell, "5", "58")]).await;
+
+    let outcome = tokio::time::timeout(
+        LIMIT,
+        rebuild(
+            &db,
+            &bootstrap,
+            TOPIC,
+            &snapshot(Cutover::Auto),
+            CancellationToken::new(),
+        ),
+    )
+    .await
+    .expect("the rebuild to cut over in time")
+    .expect("the rebuild");
+    let Outcome::CutOver(report) = outcome else {
+        panic!("expected a cutover, got {outcome:?}");
+    };
+    assert_eq!((report.old, report.new), (Some(1), 2));
+    // v2 holds more of accounts 7 and 8 than v1 had applied: their notices were never sent.
+    assert_eq!(report.accounts_ahead, 2);
+    let (truth, v2) = truth_and_version(&db, 2).await;
+    assert_eq!(v2, truth, "v2 is the write side's state");
+    assert!(
+        truth.iter().any(|r| r[0] == "7" && r[6] == "5"),
+        "{truth:?}"
+    );
+    assert_eq!(parked(&db, "portfolio_v2").await, []);
+
+    // The relay publishes account 8's held events (at or below v2's watermark: skipped), then
+    // later events of account 7 and of account 9, which the snapshot did not have at all.
+    relay_all(&write_side, &bootstrap).await;
+    place(&write_side, 7, &[(Sell, "1", "99"), (Buy, "6", "101")]).await;
+    place(&write_side, 9, &[(Buy, "1", "10"), (Buy, "1", "12")]).await;
+    relay_all(&write_side, &bootstrap).await;
+    consume_topic(&db, &bootstrap, 2).await;
+
+    let (truth, v2) = truth_and_version(&db, 2).await;
+    assert_eq!(v2, truth, "v2 follows the write side");
+    assert!(
+        truth.iter().any(|r| r[0] == "7" && r[6] == "7"),
+        "{truth:?}"
+    );
+    assert!(truth.iter().any(|r| r[0] == "9"), "{truth:?}");
+    assert_eq!(parked(&db, "portfolio_v2").await, []);
+    let counts = db
+        .client()
+        .await
+        .query_one(
+            "SELECT sum(applied)::bigint, sum(dup_watermark)::bigint, sum(duplicates)::bigint, \
+                    sum(waiting)::bigint FROM projector.offsets WHERE consumer = 'portfolio_v2'",
+            &[],
+        )
+        .await
+        .expect("v2's counts");
+    let counts: (i64, i64, i64, i64) = (counts.get(0), counts.get(1), counts.get(2), counts.get(3));
+    assert_eq!(
+        counts,
+        (4, 2, 2, 0),
+        "v2 applied 7's seqs 6 and 7 and 9's 1 and 2, and skipped 8's 3 and 4 below the watermark"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_committed_after_the_snapshot_and_published_before_the_tail_is_placed_is_applied()
+{
+    use Side::{Buy, Sell};
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = Arc::new(TestDb::new(&views()).await);
+    let Feed::WriteSide(write_side) = Feed::write_side(&db).await else {
+        unreachable!("a write side");
+    };
+    place(&write_side, 5, &[(Buy, "10", "100"), (Buy, "10", "120")]).await;
+    relay_all(&write_side, &bootstrap).await;
+
+    // The seeding records its watermarks after its snapshot statement and before it asks the
+    // log where the tail starts: held here, it waits in between.
+    let mut gate_client = db.client().await;
+    let gate = gate_client.transaction().await.expect("begin");
+    gate.batch_execute("LOCK TABLE projector.account_progress IN SHARE MODE")
+        .await
+        .expect("the gate");
+    let rebuilding = {
+        let db = db.clone();
+        let bootstrap = bootstrap.clone();
+        tokio::spawn(async move {
+            rebuild(
+                &db,
+                &bootstrap,
+                TOPIC,
+                &snapshot(Cutover::Auto),
+                CancellationToken::new(),
+            )
+            .await
+        })
+    };
+    let client = db.client().await;
+    eventually(
+        "the seeding to wait at the gate, its snapshot taken",
+        || async {
+            client
+                .query_one(
+                    "SELECT count(*) FROM pg_locks \
+                     WHERE database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                       AND relation = 'projector.account_progress'::regclass AND NOT granted",
+                    &[],
+                )
+                .await
+                .expect("locks")
+                .get::<_, i64>(0)
+        },
+        |waiting| *waiting > 0,
+    )
+    .await;
+    // Committed after the snapshot began, so not in it; in the log before the tail's start
+    // is looked up, where a lookup after the snapshot would start past it.
+    place(&write_side, 5, &[(Sell, "5", "130")]).await;
+    relay_all(&write_side, &bootstrap).await;
+    gate.commit().await.expect("opening the gate");
+
+    let outcome = tokio::time::timeout(LIMIT, rebuilding)
+        .await
+        .expect("the rebuild to cut over in time")
+        .expect("the rebuild's task")
+        .expect("the rebuild");
+    assert!(
+        matches!(outcome, Outcome::CutOver(CutoverReport { new: 2, .. })),
+        "{outcome:?}"
+    );
+    let (truth, v2) = truth_and_version(&db, 2).await;
+    assert_eq!(truth.len(), 1);
+    assert_eq!(truth[0][6], "3", "the write side's position reflects seq 3");
+    assert_eq!(v2, truth, "v2 applied seq 3 from the tail");
+    let v2 = offsets(&client, "portfolio_v2").await;
+    assert_eq!((v2.applied, v2.duplicates), (1, 0), "{v2:?}");
+}
+
+/// Seeds `code` with `statement` as its snapshot statement, as the rebuild does.
+async fn seed_with(
+    db: &TestDb,
+    code: &Arc<dyn Projection>,
+    bootstrap: &str,
+    statement: String,
+) -> Result<projector_rebuild::seed::Seeded, RebuildError> {
+    projector_rebuild::seed::from_snapshot(
+        &mut db.client().await,
+        code,
+        &statement,
+        &config(bootstrap, TOPIC),
+        Duration::ZERO,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_statements_columns_are_read_by_name_and_a_wrong_one_is_an_error() {
+    let broker = DevBroker::start(1, &[(TOPIC, 1)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = TestDb::new(&views()).await;
+    let Feed::WriteSide(write_side) = Feed::write_side(&db).await else {
+        unreachable!("a write side");
+    };
+    // Account 5 at seq 2: swapped, the columns would record account 2 at seq 5.
+    place(
+        &write_side,
+        5,
+        &[(Side::Buy, "1", "10"), (Side::Buy, "1", "11")],
+    )
+    .await;
+    let code = portfolio(2);
+    let statement = code
+        .snapshot_sql()
+        .expect("portfolio has a snapshot statement");
+    let returned = "SELECT account_id, last_seq AS watermark_seq FROM account_seq";
+    assert!(statement.contains(returned), "{statement}");
+    let client = db.client().await;
+    client
+        .batch_execute(&projector_engine::projection::render(&*code, &code.ddl()))
+        .await
+        .expect("v2's tables");
+    let seed = |sql: String| seed_with(&db, &code, &bootstrap, sql);
+
+    // The documented columns, in another order: read by name, not position.
+    let swapped = statement.replace(
+        returned,
+        "SELECT last_seq AS watermark_seq, account_id FROM account_seq",
+    );
+    let seeded = seed(swapped).await.expect("seeded");
+    assert_eq!(seeded.accounts, 1);
+    let progress: Vec<(i64, i64, Option<i64>)> = client
+        .query(
+            "SELECT account_id, last_seq, watermark_seq FROM projector.account_progress \
+             WHERE consumer = 'portfolio_v2'",
+            &[],
+        )
+        .await
+        .expect("progress")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(progress, [(5, 2, Some(2))]);
+
+    // A statement without them is refused in one line, not a panic; nothing is recorded.
+    client
+        .batch_execute("DELETE FROM projector.account_progress; TRUNCATE portfolio_v2")
+        .await
+        .expect("clean");
+    let wrong = statement.replace(returned, "SELECT account_id, last_seq FROM account_seq");
+    let error = seed(wrong).await.expect_err("no watermark_seq column");
+    assert!(
+        matches!(error, RebuildError::SnapshotColumns(_)),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("watermark_seq"), "{error}");
+    let left: i64 = client
+        .query_one(
+            "SELECT count(*) FROM projector.account_progress WHERE consumer = 'portfolio_v2'",
+            &[],
+        )
+        .await
+        .expect("progress")
+        .get(0);
+    assert_eq!(left, 0);
+
+    // A rebuild whose statement has the wrong shape (here the write side's counter is not a
+    // bigint) stops in one line and leaves nothing behind, as any failed snapshot does.
+    client
+        .batch_execute("ALTER TABLE account_seq ALTER last_seq TYPE integer")
+        .await
+        .expect("a counter of the wrong type");
+    let error = rebuild(
+        &db,
+        &bootstrap,
+        TOPIC,
+        &snapshot(Cutover::Auto),
+        CancellationToken::new(),
+    )
+    .await
+    .expect_err("a snapshot of the wrong shape");
+    assert!(error.to_string().contains("watermark_seq int4"), "{error}");
+    assert_eq!(states(&db).await, [state(1, "live", false)]);
+    assert_eq!(owned(&db, "portfolio_v2").await, nothing_owned());
+    assert!(!table_exists(&db, "portfolio_v2").await);
 }
