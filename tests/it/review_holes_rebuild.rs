@@ -1,0 +1,343 @@
+//! Holes an adversarial review of rebuilding and operations found, each proved by a test
+//! that failed before its fix and guards it now. Each test says the scenario and the
+//! consequence.
+//!
+//! 1. `hole_r1_*`: a cancel whose drop waits for the rebuild to stop, and a cutover of the
+//!    version in the meantime: the cancelled version goes live, and the cancel then drops
+//!    the live version's tables (and the stable read name with them, `CASCADE`).
+//! 2. `hole_r2_*`: the live service loses the session that holds its running locks (a
+//!    killed backend, a dropped connection) and never holds them again: a drop of the
+//!    version no longer waits for it.
+//! 3. `hole_r3_*`: a second cutover while the first new version still trails the boundary
+//!    its own cutover set: the third version learns a boundary below what the first
+//!    version had announced, and announces those events again.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::fills;
+use crate::support::kafka::{config, publish};
+use projector_devkit::devbroker::DevBroker;
+use projector_engine::kafka::source::NoObserver;
+use projector_engine::kafka::supervisor::{run_live, LiveOptions};
+use projector_engine::testkit::{consume, fill, EventSpec, Partition, TestDb};
+use projector_engine::{Applier, Projection, Registry, SourceOrdering};
+use projector_rebuild::tail::Silent;
+use projector_rebuild::{cutover, Cutover, Options, Outcome, RebuildError, Source};
+use projector_views::Portfolio;
+use tokio_util::sync::CancellationToken;
+
+const TOPIC: &str = "fills";
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn views() -> Registry {
+    projector_views::registry().expect("the built-in views")
+}
+
+/// Polls `probe` until `done` holds; panics at `limit`. The interval is a sampling rate.
+async fn within<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
+    what: &str,
+    limit: Duration,
+    mut probe: impl FnMut() -> F,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        let seen = probe().await;
+        if done(&seen) {
+            return seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: last seen {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn scalar_i64(db: &TestDb, sql: &str) -> i64 {
+    db.client()
+        .await
+        .query_one(sql, &[])
+        .await
+        .expect(sql)
+        .get(0)
+}
+
+async fn text(db: &TestDb, sql: &str) -> Option<String> {
+    db.client()
+        .await
+        .query_opt(sql, &[])
+        .await
+        .expect(sql)
+        .map(|r| r.get(0))
+}
+
+// --- 1. A cancel racing a cutover ---------------------------------------------------------
+
+/// `projector rebuild portfolio --cancel` while the rebuild has not looked at the registry
+/// yet: the cancel marks the rebuild cancelled and waits for it to stop before it drops
+/// what it built. An engineer (or the rebuild's own automatic cutover, which read the
+/// phase a moment before) cuts over to the version in that window. Before the fix the
+/// cutover made the cancelled version live, and the cancel then dropped it: the live
+/// version's tables and the stable read name were gone, and the running service had
+/// nothing to serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole_r1_a_cancelled_rebuild_cannot_be_cut_over_and_the_cancel_never_drops_a_live_version()
+{
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let registry = views();
+    let db = Arc::new(TestDb::new(&registry).await);
+    let events = fills(5, 4);
+    publish(&bootstrap, TOPIC, &events).await;
+
+    // The rebuild looks at the registry once, then not for a minute: the cancel lands
+    // between two looks.
+    let mut options = Options::new("portfolio");
+    options.source = Source::Earliest;
+    options.cutover = Cutover::Manual;
+    options.tick = Duration::from_secs(60);
+    let stop_rebuild = CancellationToken::new();
+    let running = {
+        let (db, bootstrap, options, stop) = (
+            db.clone(),
+            bootstrap.clone(),
+            options.clone(),
+            stop_rebuild.clone(),
+        );
+        tokio::spawn(async move {
+            projector_rebuild::rebuild(
+                &views(),
+                db.url(),
+                config(&bootstrap, TOPIC),
+                &options,
+                &Silent,
+                stop,
+            )
+            .await
+        })
+    };
+    within(
+        "v2 to consume the log",
+        LIMIT,
+        || scalar_i64(&db, "SELECT coalesce(sum(next_offset), 0)::bigint FROM projector.offsets WHERE consumer = 'portfolio_v2'"),
+        |n| *n >= events.len() as i64,
+    )
+    .await;
+
+    let cancelling = {
+        let (db, registry) = (db.clone(), registry.clone());
+        tokio::spawn(async move {
+            cutover::cancel(&mut db.client().await, &registry, "portfolio").await
+        })
+    };
+    within(
+        "the cancel to be recorded",
+        LIMIT,
+        || {
+            text(
+                &db,
+                "SELECT phase FROM projector.rebuilds WHERE consumer = 'portfolio_v2'",
+            )
+        },
+        |p| p.as_deref() == Some("cancelled"),
+    )
+    .await;
+
+    let cut = cutover::cutover(&mut db.client().await, &registry, "portfolio", 2).await;
+    assert!(
+        matches!(cut, Err(RebuildError::Refused(_))),
+        "a cancelled rebuild must not be cut over, got {cut:?}"
+    );
+
+    // The rebuild stops (a signal); the cancel finishes.
+    stop_rebuild.cancel();
+    let outcome = tokio::time::timeout(LIMIT, running)
+        .await
+        .expect("the rebuild to stop")
+        .expect("join");
+    assert!(
+        matches!(outcome, Ok(Outcome::Stopped { version: 2 })),
+        "{outcome:?}"
+    );
+    let cancelled = tokio::time::timeout(LIMIT, cancelling)
+        .await
+        .expect("the cancel to finish")
+        .expect("join");
+    assert_eq!(cancelled.expect("the cancel"), 2);
+
+    assert_eq!(
+        text(&db, "SELECT string_agg(version || ' ' || state, ', ' ORDER BY version) FROM projector.views WHERE name = 'portfolio'").await,
+        Some("1 live".to_owned())
+    );
+    // The stable name still reads the live version.
+    db.client()
+        .await
+        .query_one("SELECT count(*) FROM portfolio", &[])
+        .await
+        .expect("the stable read name");
+}
+
+// --- 2. The live service's running locks -------------------------------------------------
+
+/// The backend holding `consumer`'s running lock, if one does.
+async fn lock_holder(db: &TestDb, consumer: &str) -> Option<i32> {
+    db.client()
+        .await
+        .query_opt(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+               AND classid::bigint = 1886546546 AND objsubid = 2 \
+               AND objid::bigint = (hashtext($1)::bigint & 4294967295) LIMIT 1",
+            &[&consumer],
+        )
+        .await
+        .expect("pg_locks")
+        .map(|r| r.get(0))
+}
+
+/// `projector run` holds the running lock of every version it runs on a session of its
+/// own, so that `retire --drop` (or a cancel) waits until it stopped the version. That
+/// session can be lost (a killed backend, a restarted pooler, a network cut): its locks go
+/// with it. Before the fix the service never noticed: it held them again only when it
+/// happened to start another version, so a drop no longer waited for it, and a batch of
+/// the version in flight committed offsets and progress after the drop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole_r2_the_live_service_holds_its_running_locks_again_after_losing_their_session() {
+    let broker = DevBroker::start(1, &[(TOPIC, 1)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let registry = views();
+    let db = TestDb::new(&registry).await;
+    let stop = CancellationToken::new();
+    let live = tokio::spawn(run_live(
+        registry.clone(),
+        db.pool().clone(),
+        config(&bootstrap, TOPIC),
+        Arc::new(NoObserver),
+        stop.clone(),
+        LiveOptions {
+            names: vec!["portfolio".to_owned()],
+            refresh: Duration::from_millis(100),
+            owner: None,
+        },
+    ));
+    let first = within(
+        "the service to hold portfolio_v1's running lock",
+        LIMIT,
+        || lock_holder(&db, "portfolio_v1"),
+        Option::is_some,
+    )
+    .await
+    .expect("a holder");
+    db.client()
+        .await
+        .execute("SELECT pg_terminate_backend($1)", &[&first])
+        .await
+        .expect("terminate the lock session");
+    // A hundred looks at the registry: it holds the lock again on a new session.
+    let again = within(
+        "the service to hold portfolio_v1's running lock again",
+        Duration::from_secs(10),
+        || lock_holder(&db, "portfolio_v1"),
+        |h| h.is_some_and(|pid| pid != first),
+    )
+    .await;
+    assert!(again.is_some());
+    stop.cancel();
+    tokio::time::timeout(LIMIT, live)
+        .await
+        .expect("the service to stop")
+        .expect("join")
+        .expect("the service stops cleanly");
+}
+
+// --- 3. Notices across two cutovers -------------------------------------------------------
+
+const AT: &str = "2026-11-29T10:15:00Z";
+
+/// Buy 10, sell 10 (closes), sell 5 (opens short), buy 8 (flips long): notices at seq 2 and 4.
+fn script(account: i64) -> Vec<EventSpec> {
+    let f = |seq, side, qty| fill(account, seq, AT, "EURUSD", side, qty, "1.5", "0");
+    vec![
+        f(1, "buy", "10"),
+        f(2, "sell", "10"),
+        f(3, "sell", "5"),
+        f(4, "buy", "8"),
+    ]
+}
+
+async fn register_building(client: &deadpool_postgres::Client, view: &Arc<dyn Projection>) {
+    client
+        .execute(
+            "INSERT INTO projector.views (name, version, state) VALUES ($1, $2, 'building')",
+            &[&view.name(), &view.version()],
+        )
+        .await
+        .expect("register");
+    client
+        .batch_execute(&projector_engine::projection::render(&**view, &view.ddl()))
+        .await
+        .expect("tables");
+}
+
+/// What the relay publishes, then deletes.
+async fn relay(client: &deadpool_postgres::Client) -> Vec<(String, String)> {
+    client
+        .query(
+            "WITH s AS (DELETE FROM projector.notices RETURNING consumer, event_id) \
+             SELECT consumer, event_id FROM s ORDER BY event_id",
+            &[],
+        )
+        .await
+        .expect("relay")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// v1 is live and announces an account's close and flip. v2 is cut over while it trails
+/// (one event applied; the cutover lag allows it): its boundary is v1's `seq` 4. Before v2
+/// catches up, v3 is cut over. Before the fix v3's boundary was v2's own `last_seq` (1), not
+/// the boundary v2 inherited, so v3 announced the close and the flip a second time: the
+/// unique key on `projector.notices` caught it only while the first notices were still in
+/// the table (a relay that deletes what it published sends them twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole_r3_a_second_cutover_keeps_the_boundary_the_first_one_set() {
+    let registry = Registry::new()
+        .register(Portfolio::new(1))
+        .expect("registry");
+    let db = TestDb::new(&registry).await;
+    let mut client = db.client().await;
+    let code = |v: i32| registry.code_for("portfolio", v).expect("code");
+    let applier = |v: i32| Applier::new(code(v), SourceOrdering::PerAccount).expect("applier");
+    let (v1, v2, v3) = (applier(1), applier(2), applier(3));
+
+    let log = Partition::from_events("fills", 0, &script(7));
+    let mut head = log.clone();
+    head.log.truncate(1);
+    consume(&v1, &mut client, &log, 10).await;
+    let announced = relay(&client).await;
+    assert_eq!(announced.len(), 2, "v1 announced the close and the flip");
+
+    register_building(&client, &code(2)).await;
+    consume(&v2, &mut client, &head, 10).await;
+    cutover::cutover(&mut client, &registry, "portfolio", 2)
+        .await
+        .expect("cutover to v2");
+    register_building(&client, &code(3)).await;
+    consume(&v3, &mut client, &head, 10).await;
+    cutover::cutover(&mut client, &registry, "portfolio", 3)
+        .await
+        .expect("cutover to v3");
+
+    // Everyone catches up.
+    consume(&v2, &mut client, &log, 10).await;
+    let outcomes = consume(&v3, &mut client, &log, 10).await;
+    assert_eq!(
+        outcomes.iter().map(|o| o.counts.notices).sum::<u64>(),
+        0,
+        "v3 announced again what v1 had announced: {:?}",
+        relay(&client).await
+    );
+    assert!(relay(&client).await.is_empty());
+}
