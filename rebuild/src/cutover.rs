@@ -115,9 +115,12 @@ pub async fn cutover(
             .await
             .map_err(db("comparing the versions"))?
             .get(0);
+        // An old version that still trails the boundary its own cutover gave it has not
+        // announced up to it, but the version before it has: the larger of the two goes on.
         tx.execute(
             "INSERT INTO projector.account_progress (consumer, account_id, last_seq, emit_after_seq) \
-             SELECT $1, account_id, 0, last_seq FROM projector.account_progress WHERE consumer = $2 \
+             SELECT $1, account_id, 0, GREATEST(last_seq, coalesce(emit_after_seq, 0)) \
+             FROM projector.account_progress WHERE consumer = $2 \
              ON CONFLICT (consumer, account_id) DO UPDATE SET emit_after_seq = EXCLUDED.emit_after_seq",
             &[&new_consumer, &old_consumer],
         )
