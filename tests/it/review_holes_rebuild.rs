@@ -11,6 +11,8 @@
 //! 3. `hole_r3_*`: a second cutover while the first new version still trails the boundary
 //!    its own cutover set: the third version learns a boundary below what the first
 //!    version had announced, and announces those events again.
+//! 4. `hole_r4_*`: a retire racing a cutover to the same version retires (and with `--drop`
+//!    drops) the version the cutover just made live.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -340,4 +342,85 @@ async fn hole_r3_a_second_cutover_keeps_the_boundary_the_first_one_set() {
         relay(&client).await
     );
     assert!(relay(&client).await.is_empty());
+}
+
+// --- 4. A retire racing a cutover ---------------------------------------------------------
+
+/// Sessions of this database waiting for a lock.
+async fn lock_waiters(db: &TestDb) -> i64 {
+    scalar_i64(
+        db,
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .await
+}
+
+/// `projector retire portfolio --version 2 --drop` while an engineer cuts over to v2 (a
+/// version `migrate` registered as building). Retire read v2's state without a lock, found
+/// it not live, and its update then retired whatever v2 had become meanwhile: before the
+/// fix the cutover's new live version was retired (no live version at all; `projector run`
+/// stopped it) and dropped, tables and stable read name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole_r4_a_retire_never_retires_the_version_a_cutover_made_live_meanwhile() {
+    let registry = Registry::new()
+        .register(Portfolio::new(1))
+        .expect("registry");
+    let db = Arc::new(TestDb::new(&registry).await);
+    let v2 = registry.code_for("portfolio", 2).expect("code");
+    register_building(&db.client().await, &v2).await;
+
+    // Something holds the registry rows for a moment (a cancel of another rebuild, say).
+    let mut holder = db.client().await;
+    let held = holder.transaction().await.expect("begin");
+    held.execute(
+        "SELECT 1 FROM projector.views WHERE name = 'portfolio' FOR UPDATE",
+        &[],
+    )
+    .await
+    .expect("hold");
+    let cutting = {
+        let (db, registry) = (db.clone(), registry.clone());
+        tokio::spawn(async move {
+            cutover::cutover(&mut db.client().await, &registry, "portfolio", 2).await
+        })
+    };
+    within(
+        "the cutover to wait",
+        LIMIT,
+        || lock_waiters(&db),
+        |n| *n == 1,
+    )
+    .await;
+    let retiring = {
+        let (db, registry) = (db.clone(), registry.clone());
+        tokio::spawn(async move {
+            cutover::retire(&mut db.client().await, &registry, "portfolio", 2, true).await
+        })
+    };
+    within(
+        "the retire to wait",
+        LIMIT,
+        || lock_waiters(&db),
+        |n| *n == 2,
+    )
+    .await;
+    held.commit().await.expect("let go");
+
+    let cut = cutting.await.expect("join");
+    let retired = retiring.await.expect("join");
+    assert!(cut.is_ok(), "{cut:?}");
+    assert!(
+        matches!(retired, Err(RebuildError::Refused(_))),
+        "retiring the version that became live must be refused, got {retired:?}"
+    );
+    assert_eq!(
+        text(&db, "SELECT string_agg(version || ' ' || state || ' ' || (dropped_at IS NOT NULL), ', ' ORDER BY version) FROM projector.views WHERE name = 'portfolio'").await,
+        Some("1 retired false, 2 live false".to_owned())
+    );
+    db.client()
+        .await
+        .query_one("SELECT count(*) FROM portfolio", &[])
+        .await
+        .expect("the stable read name");
 }
