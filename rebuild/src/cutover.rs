@@ -202,14 +202,22 @@ pub async fn retire(
             )));
         }
     }
-    client
+    // The state read above is not locked: a cutover may have made the version live since.
+    // The condition is in the statement, evaluated on the row as it is once locked.
+    let retired = client
         .execute(
-            "UPDATE projector.views SET state = 'retired', state_changed_at = now() \
-             WHERE name = $1 AND version = $2 AND state <> 'retired'",
+            "UPDATE projector.views SET state = 'retired', \
+                 state_changed_at = CASE WHEN state = 'retired' THEN state_changed_at ELSE now() END \
+             WHERE name = $1 AND version = $2 AND state <> 'live'",
             &[&name, &version],
         )
         .await
         .map_err(db("retiring the version"))?;
+    if retired == 0 {
+        return Err(RebuildError::Refused(format!(
+            "{name} v{version} is live; cut over to another version first"
+        )));
+    }
     if drop && !row.dropped {
         let code = registry.code_for(name, version)?;
         drop_version(client, &code).await?;
