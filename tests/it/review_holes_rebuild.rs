@@ -13,6 +13,8 @@
 //!    version had announced, and announces those events again.
 //! 4. `hole_r4_*`: a retire racing a cutover to the same version retires (and with `--drop`
 //!    drops) the version the cutover just made live.
+//! 5. `hole_r5_*`: `parked skip` of an account that is not parked: its next event, sound,
+//!    arrives and is dead-lettered as a conflict, never applied.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -423,4 +425,59 @@ async fn hole_r4_a_retire_never_retires_the_version_a_cutover_made_live_meanwhil
         .query_one("SELECT count(*) FROM portfolio", &[])
         .await
         .expect("the stable read name");
+}
+
+// --- 5. A skip of a seq nobody waits for --------------------------------------------------
+
+/// `projector parked skip ACCOUNT --seq N` for an account that is not parked: a typo of the
+/// account, or a park that a redelivery resolved a moment before. The account's next event
+/// had simply not arrived yet. Before the fix the skip was accepted (the seq is the one the
+/// account would take next), and when the event arrived it was dead-lettered as a conflict
+/// with "a write-side bug": a sound event of a healthy account never applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole_r5_a_skip_is_refused_for_an_account_that_is_not_parked_at_that_seq() {
+    let registry = Registry::new()
+        .register(crate::support::Trail::new(1))
+        .expect("registry");
+    let db = TestDb::new(&registry).await;
+    let applier = Applier::new(
+        Arc::new(crate::support::Trail::new(1)),
+        SourceOrdering::PerAccount,
+    )
+    .expect("applier");
+    let mut client = db.client().await;
+    let f = |account, seq| fill(account, seq, AT, "EURUSD", "buy", "1", "1.5", "0");
+    // Account 1 is healthy at seq 3; account 2 is parked at seq 2 (lost), 3 waits.
+    let events = vec![f(1, 1), f(1, 2), f(1, 3), f(2, 1), f(2, 3), f(1, 4)];
+    let mut log = Partition::from_events("fills", 0, &events[..5]);
+    consume(&applier, &mut client, &log, 10).await;
+
+    // The engineer means account 2, types 1.
+    let typo = applier.skip_seq(&mut client, 1, 4, "bob", "lost").await;
+    assert!(
+        matches!(typo, Err(projector_engine::ApplyError::Refused { .. })),
+        "a skip of an account not parked at that seq must be refused, got {typo:?}"
+    );
+
+    // Account 1's next event arrives and is applied.
+    log.push_event(&events[5]);
+    let outcome = applier
+        .apply(&mut client, &log.batch(5, 10))
+        .await
+        .expect("batch");
+    assert_eq!(
+        outcome.dispositions,
+        [(5, projector_engine::Disposition::Applied)]
+    );
+    let expected: Vec<EventSpec> = events
+        .iter()
+        .filter(|e| e.account_id == 1)
+        .cloned()
+        .collect();
+    let rows: Vec<String> = crate::support::rows(&client, "trail_v1")
+        .await
+        .into_iter()
+        .filter(|r| r.starts_with("1|") || r.starts_with("(1,"))
+        .collect();
+    assert_eq!(rows, crate::support::trail_fold(&expected));
 }
