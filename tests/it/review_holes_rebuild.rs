@@ -7,7 +7,8 @@
 //!    the live version's tables (and the stable read name with them, `CASCADE`).
 //! 2. `hole_r2_*`: the live service loses the session that holds its running locks (a
 //!    killed backend, a dropped connection) and never holds them again: a drop of the
-//!    version no longer waits for it.
+//!    version no longer waits for it. `hole_r6_*`: the same for `projector rebuild` and
+//!    the version it builds.
 //! 3. `hole_r3_*`: a second cutover while the first new version still trails the boundary
 //!    its own cutover set: the third version learns a boundary below what the first
 //!    version had announced, and announces those events again.
@@ -480,4 +481,78 @@ async fn hole_r5_a_skip_is_refused_for_an_account_that_is_not_parked_at_that_seq
         .filter(|r| r.starts_with("1|") || r.starts_with("(1,"))
         .collect();
     assert_eq!(rows, crate::support::trail_fold(&expected));
+}
+
+/// The same for `projector rebuild`: it holds the running lock of the version it builds on
+/// a session of its own, and before the fix never held it again once that session was
+/// lost: a cancel then dropped the version at once, under the tail's batch in flight, whose
+/// offsets and progress outlived the drop for a rebuild into the same number to resume from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole_r6_a_rebuild_holds_its_running_lock_again_after_losing_its_session() {
+    let broker = DevBroker::start(1, &[(TOPIC, 1)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let registry = views();
+    let db = Arc::new(TestDb::new(&registry).await);
+    let mut options = Options::new("portfolio");
+    options.source = Source::Earliest;
+    options.cutover = Cutover::Manual;
+    options.tick = Duration::from_millis(100);
+    let stop = CancellationToken::new();
+    let running = {
+        let (db, bootstrap, options, stop) =
+            (db.clone(), bootstrap.clone(), options.clone(), stop.clone());
+        tokio::spawn(async move {
+            projector_rebuild::rebuild(
+                &views(),
+                db.url(),
+                config(&bootstrap, TOPIC),
+                &options,
+                &Silent,
+                stop,
+            )
+            .await
+        })
+    };
+    let first = within(
+        "the rebuild to hold portfolio_v2's running lock",
+        LIMIT,
+        || lock_holder(&db, "portfolio_v2"),
+        Option::is_some,
+    )
+    .await
+    .expect("a holder");
+    // It is tailing by now.
+    within(
+        "the rebuild to tail",
+        LIMIT,
+        || {
+            text(
+                &db,
+                "SELECT phase FROM projector.rebuilds WHERE consumer = 'portfolio_v2'",
+            )
+        },
+        |p| p.as_deref() == Some("tailing"),
+    )
+    .await;
+    db.client()
+        .await
+        .execute("SELECT pg_terminate_backend($1)", &[&first])
+        .await
+        .expect("terminate the lock session");
+    within(
+        "the rebuild to hold portfolio_v2's running lock again",
+        Duration::from_secs(10),
+        || lock_holder(&db, "portfolio_v2"),
+        |h| h.is_some_and(|pid| pid != first),
+    )
+    .await;
+    stop.cancel();
+    let outcome = tokio::time::timeout(LIMIT, running)
+        .await
+        .expect("the rebuild to stop")
+        .expect("join");
+    assert!(
+        matches!(outcome, Ok(Outcome::Stopped { version: 2 })),
+        "{outcome:?}"
+    );
 }
