@@ -251,7 +251,16 @@ pub async fn rebuild(
         }
     }
     drop(client);
-    let outcome = tail::run(registry, &pool, kafka, options, &code, progress, shutdown).await;
+    let outcome = match holding.as_mut() {
+        Some(session) => {
+            let held = tail::Held {
+                code: &code,
+                session,
+            };
+            tail::run(registry, &pool, kafka, options, held, progress, shutdown).await
+        }
+        None => Ok(Outcome::Cancelled { version }),
+    };
     // Every batch of the tail has committed or rolled back: a drop may go ahead.
     drop(holding);
     outcome

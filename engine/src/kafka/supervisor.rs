@@ -233,23 +233,15 @@ impl Holds {
         }
     }
 
-    /// Finds out whether the session still holds what it holds: a session that is closed
-    /// or does not answer (a killed backend, a cut network) lost its locks with it, and the
-    /// next [`Holds::hold`] takes them again on a new one. Without the look, `held` would
+    /// Finds out whether the session still holds what it holds ([`Session::alive`]): one
+    /// that lost its locks is let go, and the next [`Holds::hold`] takes them again on a
+    /// new one. Without the look, `held` would
     /// say they are held for as long as the process runs, and a drop would not wait.
     async fn check(&mut self) {
         let Some(session) = &self.session else {
             return;
         };
-        let alive = !session.client().is_closed()
-            && matches!(
-                tokio::time::timeout(
-                    Duration::from_secs(5),
-                    session.client().batch_execute("SELECT 1")
-                )
-                .await,
-                Ok(Ok(()))
-            );
+        let alive = session.alive().await;
         if !alive {
             tracing::warn!("the session holding the running locks was lost; holding them again");
             self.session = None;
