@@ -449,7 +449,7 @@ async fn hole_r5_a_skip_is_refused_for_an_account_that_is_not_parked_at_that_seq
     let mut client = db.client().await;
     let f = |account, seq| fill(account, seq, AT, "EURUSD", "buy", "1", "1.5", "0");
     // Account 1 is healthy at seq 3; account 2 is parked at seq 2 (lost), 3 waits.
-    let events = vec![f(1, 1), f(1, 2), f(1, 3), f(2, 1), f(2, 3), f(1, 4)];
+    let events = [f(1, 1), f(1, 2), f(1, 3), f(2, 1), f(2, 3), f(1, 4)];
     let mut log = Partition::from_events("fills", 0, &events[..5]);
     consume(&applier, &mut client, &log, 10).await;
 
