@@ -16,6 +16,8 @@
 //!    drops) the version the cutover just made live.
 //! 5. `hole_r5_*`: `parked skip` of an account that is not parked: its next event, sound,
 //!    arrives and is dead-lettered as a conflict, never applied.
+//! 7. `hole_r7_*`: `dlq retry` of a dead letter with over a thousand events behind it
+//!    drains one step and leaves the account unparked with events still waiting.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -554,5 +556,65 @@ async fn hole_r6_a_rebuild_holds_its_running_lock_again_after_losing_its_session
     assert!(
         matches!(outcome, Ok(Outcome::Stopped { version: 2 })),
         "{outcome:?}"
+    );
+}
+
+// --- 7. A retried dead letter with a long queue behind it ---------------------------------
+
+/// `projector dlq retry ID` for a dead letter with more than a thousand events waiting
+/// behind it (a busy account, parked for an hour). One repair step loads at most a thousand
+/// of them; the rest drain in further steps, which `parked retry` and `dlq skip` take and
+/// `dlq retry` did not. Before the fix the account was left unparked with events still
+/// waiting: nothing loads the waiting events of an account that is not parked, so they
+/// stayed unapplied until the account's next events arrived, and for good on an idle one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole_r7_dlq_retry_drains_everything_that_waited_behind_the_dead_letter() {
+    let registry = views();
+    let db = TestDb::new(&registry).await;
+    let applier = Applier::new(
+        registry.code_for("portfolio", 1).expect("portfolio"),
+        SourceOrdering::PerAccount,
+    )
+    .expect("applier");
+    let mut client = db.client().await;
+    // A constraint the first event breaks: it is dead-lettered, 1001 events wait behind it.
+    client
+        .batch_execute("ALTER TABLE portfolio_v1 ADD CONSTRAINT small CHECK (net_qty < 1000000)")
+        .await
+        .expect("constraint");
+    let fp = |seq, qty: &str| fill(5, seq, AT, "EURUSD", "buy", qty, "1.1", "0");
+    let mut events = vec![fp(1, "2000000")];
+    events.extend((2..=1002).map(|s| fp(s, "1")));
+    let log = Partition::from_events("fills", 0, &events);
+    let first = applier
+        .apply(&mut client, &log.batch(0, 2000))
+        .await
+        .expect("batch");
+    assert_eq!((first.counts.failed, first.counts.waiting), (1, 1001));
+    let id = scalar_i64(&db, "SELECT id FROM projector.dead_letters").await;
+
+    client
+        .batch_execute("ALTER TABLE portfolio_v1 DROP CONSTRAINT small")
+        .await
+        .expect("the fix");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_projector"))
+        .args(["dlq", "retry", &id.to_string(), "--by", "dana"])
+        .args(["--database-url", db.url()])
+        .output()
+        .expect("run projector");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        (
+            scalar_i64(&db, "SELECT count(*) FROM projector.waiting_events").await,
+            scalar_i64(&db, "SELECT count(*) FROM projector.parked_accounts").await,
+            scalar_i64(&db, "SELECT last_seq FROM projector.account_progress WHERE consumer = 'portfolio_v1' AND account_id = 5").await,
+        ),
+        (0, 0, 1002),
+        "everything that waited is applied: {}",
+        String::from_utf8_lossy(&out.stdout)
     );
 }
