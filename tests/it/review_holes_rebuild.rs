@@ -17,7 +17,9 @@
 //! 5. `hole_r5_*`: `parked skip` of an account that is not parked: its next event, sound,
 //!    arrives and is dead-lettered as a conflict, never applied.
 //! 7. `hole_r7_*`: `dlq retry` of a dead letter with over a thousand events behind it
-//!    drains one step and leaves the account unparked with events still waiting.
+//!    drains one step and leaves the account unparked with events still waiting;
+//!    `hole_r7b_*`: the same after a live batch fills a gap (the source's drain loads
+//!    nothing for an account that is not parked).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -616,5 +618,55 @@ async fn hole_r7_dlq_retry_drains_everything_that_waited_behind_the_dead_letter(
         (0, 0, 1002),
         "everything that waited is applied: {}",
         String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// The live path has the same step: the batch that fills a gap drains at most a thousand
+/// waiting events and names the account in `more_to_drain`; the Kafka source then calls
+/// `drain_account` until it says there is no more. Before the fix that batch unparked the
+/// account, and `drain_account` loads the waiting events of parked accounts only: it drained
+/// nothing, and the rest of the queue waited, unparked (absent from `parked list`), until
+/// two more events of the account arrived; on an idle account, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole_r7b_the_drain_after_a_gap_is_filled_reaches_the_end_of_the_queue() {
+    let registry = views();
+    let db = TestDb::new(&registry).await;
+    let applier = Applier::new(
+        registry.code_for("portfolio", 1).expect("portfolio"),
+        SourceOrdering::PerAccount,
+    )
+    .expect("applier");
+    let mut client = db.client().await;
+    let fp = |seq| fill(5, seq, AT, "EURUSD", "buy", "1", "1.1", "0");
+    // Seq 1 is late: 1001 events wait for it.
+    let mut log = Partition::from_events("fills", 0, &(2..=1002).map(fp).collect::<Vec<_>>());
+    let first = applier
+        .apply(&mut client, &log.batch(0, 2000))
+        .await
+        .expect("batch");
+    assert_eq!(first.counts.waiting, 1001);
+    log.push_event(&fp(1));
+    let filled = applier
+        .apply(&mut client, &log.batch(1001, 10))
+        .await
+        .expect("the late event");
+    assert_eq!(filled.more_to_drain, [5]);
+    // What the source does next.
+    let mut steps = 0;
+    loop {
+        let (_, more) = applier.drain_account(&mut client, 5).await.expect("drain");
+        steps += 1;
+        if !more || steps > 10 {
+            break;
+        }
+    }
+    assert_eq!(
+        (
+            scalar_i64(&db, "SELECT count(*) FROM projector.waiting_events").await,
+            scalar_i64(&db, "SELECT count(*) FROM projector.parked_accounts").await,
+            scalar_i64(&db, "SELECT last_seq FROM projector.account_progress WHERE consumer = 'portfolio_v1' AND account_id = 5").await,
+        ),
+        (0, 0, 1002),
+        "everything that waited is applied"
     );
 }
