@@ -20,6 +20,8 @@
 //!    drains one step and leaves the account unparked with events still waiting;
 //!    `hole_r7b_*`: the same after a live batch fills a gap (the source's drain loads
 //!    nothing for an account that is not parked).
+//! 8. `hole_r8_*`: a `--pause` while the snapshot is taken makes the seeding fail with a
+//!    serialization failure, and the rebuild cancels itself: the pause is a cancel.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -668,5 +670,83 @@ async fn hole_r7b_the_drain_after_a_gap_is_filled_reaches_the_end_of_the_queue()
         ),
         (0, 0, 1002),
         "everything that waited is applied"
+    );
+}
+
+// --- 8. A pause while the snapshot is taken -----------------------------------------------
+
+/// `projector rebuild portfolio --pause` while the rebuild takes its snapshot. The pause
+/// updates the rebuild's row; the seeding transaction (`REPEATABLE READ`) then fails to
+/// update it with a serialization failure, which the rebuild took for a snapshot that
+/// cannot be taken: before the fix it cancelled itself, dropping its registration, so the
+/// pause was a cancel. A serialization failure is transient: the rebuild stops, and the
+/// same command resumes it, paused, from seeding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole_r8_a_pause_during_the_snapshot_does_not_cancel_the_rebuild() {
+    let broker = DevBroker::start(1, &[(TOPIC, 1)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let registry = views();
+    let db = Arc::new(TestDb::new(&registry).await);
+    // The write side's tables the snapshot reads (docs/views.md), one account.
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE TABLE positions (account_id bigint, symbol text, net_qty numeric, \
+                 avg_price numeric, realized_pnl numeric, last_trade_at timestamptz, last_seq bigint); \
+             CREATE TABLE account_seq (account_id bigint, last_seq bigint); \
+             INSERT INTO positions VALUES (1, 'EURUSD', 10, 1.5, 0, now(), 1); \
+             INSERT INTO account_seq VALUES (1, 1);",
+        )
+        .await
+        .expect("write side");
+    // The snapshot takes a while: the write side's table is locked for now.
+    let mut locker = db.client().await;
+    let lock = locker.transaction().await.expect("begin");
+    lock.batch_execute("LOCK TABLE positions IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock");
+    let mut options = Options::new("portfolio");
+    options.tick = Duration::from_millis(100);
+    let running = {
+        let (db, bootstrap, options) = (db.clone(), bootstrap.clone(), options.clone());
+        tokio::spawn(async move {
+            projector_rebuild::rebuild(
+                &views(),
+                db.url(),
+                config(&bootstrap, TOPIC),
+                &options,
+                &Silent,
+                CancellationToken::new(),
+            )
+            .await
+        })
+    };
+    within(
+        "the snapshot to wait",
+        LIMIT,
+        || lock_waiters(&db),
+        |n| *n == 1,
+    )
+    .await;
+    projector_rebuild::state::set_paused(&db.client().await, "portfolio", true)
+        .await
+        .expect("pause");
+    lock.commit().await.expect("unlock");
+    let outcome = tokio::time::timeout(LIMIT, running)
+        .await
+        .expect("the rebuild to stop")
+        .expect("join");
+    assert!(
+        !matches!(outcome, Ok(Outcome::CutOver(_))),
+        "a paused rebuild does not cut over: {outcome:?}"
+    );
+    assert_eq!(
+        text(
+            &db,
+            "SELECT phase || ' ' || paused FROM projector.rebuilds WHERE consumer = 'portfolio_v2'"
+        )
+        .await,
+        Some("seeding true".to_owned()),
+        "the rebuild is still registered, paused, and resumes from seeding ({outcome:?})"
     );
 }
