@@ -182,9 +182,16 @@ pub async fn rebuild(
                     Err(e) => {
                         // Seeding is one transaction: nothing was built. A snapshot that
                         // cannot be taken (the write side's tables are not reachable, say)
-                        // leaves no half-registered version behind.
+                        // leaves no half-registered version behind. A transient failure
+                        // does not cancel: a lost connection (08), a server shutting down
+                        // (57P), a serialization failure or deadlock (40: a `--pause` or
+                        // `--cancel` updated the rebuild's row while the snapshot ran; a
+                        // cancel then stays a cancel). The same command resumes it.
                         if let RebuildError::Database { error, .. } = &e {
-                            if error.code().is_some_and(|c| !c.code().starts_with("08")) {
+                            let transient = |c: &str| {
+                                c.starts_with("08") || c.starts_with("40") || c.starts_with("57P")
+                            };
+                            if error.code().is_some_and(|c| !transient(c.code())) {
                                 drop(holding.take());
                                 cutover::cancel(&mut client, registry, name).await?;
                             }
