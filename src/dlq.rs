@@ -246,8 +246,24 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
         Dlq::Retry { id, by } => {
             let consumer = consumer_of_dead_letter(&client, id).await?;
             let applier = applier_of(registry, &consumer)?;
-            let (disposition, counts) =
+            let (disposition, mut counts) =
                 applier.retry_dead_letter(&mut client, id, &who(by)).await?;
+            // One repair step drains a bounded number of the events that waited behind it;
+            // the rest follow here, as after `parked retry` and `dlq skip`.
+            if disposition != projector_engine::Disposition::DeadLettered
+                && !applier.projection().order_independent()
+            {
+                let account: Option<i64> = client
+                    .query_one(
+                        "SELECT account_id FROM projector.dead_letters WHERE id = $1",
+                        &[&id],
+                    )
+                    .await?
+                    .get(0);
+                if let Some(account) = account {
+                    counts += &drain(&applier, &mut client, account).await?;
+                }
+            }
             match disposition {
                 projector_engine::Disposition::DeadLettered => {
                     let error: String = client

@@ -73,6 +73,30 @@ pub async fn cutover(
             "{name} v{version} is already live"
         )));
     }
+    // Under the registry's lock, which a cancel takes too before it marks the rebuild
+    // cancelled: a version whose rebuild is cancelled is being dropped, and one still seeding
+    // has nothing in its tables yet.
+    let phase: Option<String> = tx
+        .query_opt(
+            "SELECT phase FROM projector.rebuilds WHERE name = $1 AND version = $2",
+            &[&name, &version],
+        )
+        .await
+        .map_err(db("reading the version's rebuild"))?
+        .map(|r| r.get(0));
+    match phase.as_deref() {
+        Some("cancelled") => {
+            return Err(RebuildError::Refused(format!(
+                "the rebuild of {name} into v{version} was cancelled; its version is being dropped"
+            )))
+        }
+        Some("seeding") => {
+            return Err(RebuildError::Refused(format!(
+                "the rebuild of {name} into v{version} is still seeding; cut over once it tails"
+            )))
+        }
+        _ => {}
+    }
     let old = versions
         .iter()
         .find(|(_, s, _)| s == "live")
@@ -91,9 +115,12 @@ pub async fn cutover(
             .await
             .map_err(db("comparing the versions"))?
             .get(0);
+        // An old version that still trails the boundary its own cutover gave it has not
+        // announced up to it, but the version before it has: the larger of the two goes on.
         tx.execute(
             "INSERT INTO projector.account_progress (consumer, account_id, last_seq, emit_after_seq) \
-             SELECT $1, account_id, 0, last_seq FROM projector.account_progress WHERE consumer = $2 \
+             SELECT $1, account_id, 0, GREATEST(last_seq, coalesce(emit_after_seq, 0)) \
+             FROM projector.account_progress WHERE consumer = $2 \
              ON CONFLICT (consumer, account_id) DO UPDATE SET emit_after_seq = EXCLUDED.emit_after_seq",
             &[&new_consumer, &old_consumer],
         )
@@ -175,14 +202,22 @@ pub async fn retire(
             )));
         }
     }
-    client
+    // The state read above is not locked: a cutover may have made the version live since.
+    // The condition is in the statement, evaluated on the row as it is once locked.
+    let retired = client
         .execute(
-            "UPDATE projector.views SET state = 'retired', state_changed_at = now() \
-             WHERE name = $1 AND version = $2 AND state <> 'retired'",
+            "UPDATE projector.views SET state = 'retired', \
+                 state_changed_at = CASE WHEN state = 'retired' THEN state_changed_at ELSE now() END \
+             WHERE name = $1 AND version = $2 AND state <> 'live'",
             &[&name, &version],
         )
         .await
         .map_err(db("retiring the version"))?;
+    if retired == 0 {
+        return Err(RebuildError::Refused(format!(
+            "{name} v{version} is live; cut over to another version first"
+        )));
+    }
     if drop && !row.dropped {
         let code = registry.code_for(name, version)?;
         drop_version(client, &code).await?;
@@ -284,14 +319,37 @@ pub async fn cancel(
             "no rebuild of {name} is under way"
         )));
     };
-    client
+    // Marked cancelled under the registry's lock, as the version is still building: a
+    // cutover (which takes the same lock and refuses a cancelled rebuild) either made it
+    // live before, and the cancel is refused, or cannot make it live after. Without it, a
+    // cutover in between made the version live, and the drop below dropped the live version.
+    let tx = client
+        .transaction()
+        .await
+        .map_err(db("cancelling the rebuild"))?;
+    tx.execute(
+        "SELECT 1 FROM projector.views WHERE name = $1 FOR UPDATE",
+        &[&name],
+    )
+    .await
+    .map_err(db("locking the view registry"))?;
+    let marked = tx
         .execute(
             "UPDATE projector.rebuilds SET phase = 'cancelled', finished_at = now(), updated_at = now() \
-             WHERE name = $1 AND version = $2",
+             WHERE name = $1 AND version = $2 AND phase IN ('seeding', 'tailing', 'cancelled') \
+               AND EXISTS (SELECT 1 FROM projector.views \
+                           WHERE name = $1 AND version = $2 AND state = 'building')",
             &[&name, &r.version],
         )
         .await
         .map_err(db("cancelling the rebuild"))?;
+    if marked == 0 {
+        return Err(RebuildError::Refused(format!(
+            "the rebuild of {name} into v{} is no longer under way (it was cut over)",
+            r.version
+        )));
+    }
+    tx.commit().await.map_err(db("cancelling the rebuild"))?;
     let code = registry.code_for(name, r.version)?;
     drop_version(client, &code).await?;
     client

@@ -183,10 +183,17 @@ pub async fn rebuild(
                         // Seeding is one transaction: nothing was built. A snapshot that
                         // cannot be taken (the write side's tables are not reachable, a
                         // statement of the wrong shape) leaves no half-registered version
-                        // behind.
+                        // behind. A transient failure does not cancel: a lost connection
+                        // (08), a server shutting down (57P), a serialization failure or
+                        // deadlock (40: a `--pause` or `--cancel` updated the rebuild's row
+                        // while the snapshot ran; a cancel then stays a cancel). The same
+                        // command resumes it.
+                        let transient = |c: &str| {
+                            c.starts_with("08") || c.starts_with("40") || c.starts_with("57P")
+                        };
                         let for_good = match &e {
                             RebuildError::Database { error, .. } => {
-                                error.code().is_some_and(|c| !c.code().starts_with("08"))
+                                error.code().is_some_and(|c| !transient(c.code()))
                             }
                             RebuildError::SnapshotColumns(_) => true,
                             _ => false,
@@ -257,7 +264,16 @@ pub async fn rebuild(
         }
     }
     drop(client);
-    let outcome = tail::run(registry, &pool, kafka, options, &code, progress, shutdown).await;
+    let outcome = match holding.as_mut() {
+        Some(session) => {
+            let held = tail::Held {
+                code: &code,
+                session,
+            };
+            tail::run(registry, &pool, kafka, options, held, progress, shutdown).await
+        }
+        None => Ok(Outcome::Cancelled { version }),
+    };
     // Every batch of the tail has committed or rolled back: a drop may go ahead.
     drop(holding);
     outcome

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
+use projector_engine::kafka::running::{self, Session};
 use projector_engine::kafka::source::{run_view, KafkaConfig, NoObserver, SourceError};
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
 use tokio::task::JoinHandle;
@@ -107,16 +108,48 @@ impl Consuming {
     }
 }
 
+/// The version a tail builds, and the session that holds its running lock ([`running`]).
+pub(crate) struct Held<'a> {
+    pub code: &'a Arc<dyn Projection>,
+    pub session: &'a mut Session,
+}
+
+impl Held<'_> {
+    /// Holds the running lock again on a new session when its session was lost (a killed
+    /// backend, a cut network): without it a cancel would drop the version at once, under
+    /// the tail's batches. Refused when a drop took the lock meanwhile.
+    async fn keep(&mut self, pool: &Pool) -> Result<(), RebuildError> {
+        if self.session.alive().await {
+            return Ok(());
+        }
+        let session = Session::open(pool)
+            .await
+            .map_err(|e| RebuildError::Connect(e.to_string()))?;
+        let consumer = self.code.consumer();
+        if !running::try_hold(session.client(), &consumer)
+            .await
+            .map_err(db("taking the running lock again"))?
+        {
+            return Err(RebuildError::Refused(format!(
+                "{consumer} lost its running lock and is being dropped meanwhile; stopped"
+            )));
+        }
+        *self.session = session;
+        Ok(())
+    }
+}
+
 /// Tails until cutover, cancellation or `shutdown`.
 pub(crate) async fn run(
     registry: &Registry,
     pool: &Pool,
     kafka: KafkaConfig,
     options: &Options,
-    code: &Arc<dyn Projection>,
+    mut held: Held<'_>,
     progress: &dyn Progress,
     shutdown: CancellationToken,
 ) -> Result<Outcome, RebuildError> {
+    let code = held.code;
     let name = code.name().to_owned();
     let version = code.version();
     let consumer = code.consumer();
@@ -168,6 +201,7 @@ pub(crate) async fn run(
     // lets go of its running lock; a tail left running would write after a drop.
     let result = loop {
         let tick = async {
+            held.keep(pool).await?;
             let row = state::of_version(
                 &pool
                     .get()

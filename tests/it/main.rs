@@ -30,6 +30,7 @@ mod ops_status;
 mod rebuild;
 mod rebuild_notices;
 mod review_holes;
+mod review_holes_rebuild;
 mod support;
 mod views_conformance;
 mod views_golden;

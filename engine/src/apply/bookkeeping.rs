@@ -249,6 +249,15 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
                 rows.parks.1.push(blocked);
                 rows.parks.2.push(acc.plan.waiting.len() as i64);
             }
+            // More waited than were loaded, and every loaded one left: the account stays
+            // parked at its next seq, so that the next step (the drain that follows, or the
+            // account's next batch) loads the rest. Unparked, nothing would load them: only
+            // a parked account's waiting events are read.
+            None if work.truncated.contains(&acc.account_id) => {
+                rows.parks.0.push(acc.account_id);
+                rows.parks.1.push(acc.plan.last_seq + 1);
+                rows.parks.2.push(0);
+            }
             None if acc.initial.blocked.is_some() => rows.unparks.push(acc.account_id),
             None => {}
         }

@@ -76,7 +76,7 @@ impl Applier {
     /// Records `seq` of `account` as skipped (who and why, in `projector.skips`), resolves
     /// its open dead letters as skipped, and applies what waited behind it, in `seq` order
     /// (one bounded step: call [`Applier::drain_account`] for the rest).
-    /// Refused unless the account waits for exactly that `seq`.
+    /// Refused unless the account is parked waiting for exactly that `seq`.
     pub async fn skip_seq(
         &self,
         client: &mut Client,
@@ -114,6 +114,18 @@ impl Applier {
                 consumer: self.consumer.clone(),
                 reason: format!(
                     "account {account} waits for seq {next}, not {seq}; only the seq an account waits for can be skipped"
+                ),
+            });
+        }
+        // Only a parked account waits: an account that is not parked has simply not received
+        // its next event yet (or a redelivery filled its gap a moment ago), and a skip would
+        // turn that sound event, when it arrives, into a conflict never applied.
+        let blocked: Option<i64> = row.get(4);
+        if blocked != Some(seq) {
+            return Err(ApplyError::Refused {
+                consumer: self.consumer.clone(),
+                reason: format!(
+                    "account {account} is not parked at seq {seq} (its next event may simply not have arrived yet); only the seq a parked account waits for can be skipped"
                 ),
             });
         }

@@ -91,4 +91,19 @@ impl Session {
     pub fn client(&self) -> &Client {
         &self.client
     }
+
+    /// Whether the session still answers. One that is closed, fails or does not answer
+    /// within five seconds (a killed backend, a cut network) lost its locks with it, or
+    /// will lose them with the connection: a holder must hold them again on a new session.
+    pub async fn alive(&self) -> bool {
+        !self.client.is_closed()
+            && matches!(
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(5),
+                    self.client.batch_execute("SELECT 1")
+                )
+                .await,
+                Ok(Ok(()))
+            )
+    }
 }

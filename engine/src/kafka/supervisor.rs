@@ -67,9 +67,21 @@ pub async fn run_live(
     let mut registry_down = false;
     let mut holds = Holds::default();
     loop {
-        // A lost lock session lost its locks: hold them again for what still runs.
+        // A lost lock session lost its locks: hold them again for what still runs. A version
+        // whose lock a drop took meanwhile is stopped: it is being dropped under it.
+        holds.check().await;
+        let mut taken = Vec::new();
         for consumer in running.keys() {
-            let _ = holds.hold(&pool, consumer).await;
+            if let Ok(false) = holds.hold(&pool, consumer).await {
+                taken.push(consumer.clone());
+            }
+        }
+        for consumer in taken {
+            if let Some(r) = running.remove(&consumer) {
+                tracing::warn!(%consumer, "its running lock was lost and a drop took it; stopping it");
+                r.token.cancel();
+                collect(&consumer, r.task.await, &mut errors);
+            }
         }
         match live_versions(&pool).await {
             Ok(live) => {
@@ -218,6 +230,22 @@ impl Holds {
                 self.session = None;
                 Err(e.to_string())
             }
+        }
+    }
+
+    /// Finds out whether the session still holds what it holds ([`Session::alive`]): one
+    /// that lost its locks is let go, and the next [`Holds::hold`] takes them again on a
+    /// new one. Without the look, `held` would
+    /// say they are held for as long as the process runs, and a drop would not wait.
+    async fn check(&mut self) {
+        let Some(session) = &self.session else {
+            return;
+        };
+        let alive = session.alive().await;
+        if !alive {
+            tracing::warn!("the session holding the running locks was lost; holding them again");
+            self.session = None;
+            self.held.clear();
         }
     }
 
