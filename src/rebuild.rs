@@ -356,6 +356,12 @@ pub struct CutoverArgs {
     /// The version to make live.
     #[arg(long)]
     pub to_version: i32,
+    /// Refuse when the version trails the live one by more than this many messages.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(0..))]
+    pub max_behind: i64,
+    /// Cut over however far the version trails the live one.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Runs `projector cutover`.
@@ -366,7 +372,14 @@ pub async fn run_cutover(url: &str, registry: &Registry, args: CutoverArgs) -> a
         .await
         .context("cannot connect to PostgreSQL (check --database-url / DATABASE_URL)")?;
     projector_engine::migrate(&mut client, registry).await?;
-    let r = cutover::cutover(&mut client, registry, &args.view, args.to_version).await?;
+    let r = cutover::cutover(
+        &mut client,
+        registry,
+        &args.view,
+        args.to_version,
+        (!args.force).then_some(args.max_behind),
+    )
+    .await?;
     match r.old {
         Some(old) => println!("{}: v{} is live; v{old} is retired", r.name, r.new),
         None => println!("{}: v{} is live", r.name, r.new),

@@ -33,12 +33,16 @@ pub struct CutoverReport {
     pub accounts_ahead: i64,
 }
 
-/// Makes `version` of `name` the live one.
+/// Makes `version` of `name` the live one. With `max_behind`, a version that trails the live
+/// one by more than that many messages (summed over the partitions the live one reads) is
+/// refused: readers would see a half-built view. `None` cuts over whatever the lag (the
+/// automatic cutover has checked the lag to the log's end already).
 pub async fn cutover(
     client: &mut Client,
     registry: &Registry,
     name: &str,
     version: i32,
+    max_behind: Option<i64>,
 ) -> Result<CutoverReport, RebuildError> {
     let code = registry.code_for(name, version)?;
     let tx = client
@@ -105,6 +109,38 @@ pub async fn cutover(
     let mut accounts_ahead = 0;
     if let Some(old) = old {
         let old_consumer = format!("{name}_v{old}");
+        if let Some(max) = max_behind {
+            let behind = tx
+                .query(
+                    "SELECT o.topic, o.partition, o.next_offset - coalesce(n.next_offset, 0) \
+                     FROM projector.offsets o LEFT JOIN projector.offsets n \
+                       ON n.consumer = $1 AND n.topic = o.topic AND n.partition = o.partition \
+                     WHERE o.consumer = $2 AND o.next_offset > coalesce(n.next_offset, 0) \
+                     ORDER BY 1, 2",
+                    &[&new_consumer, &old_consumer],
+                )
+                .await
+                .map_err(db("comparing the versions' offsets"))?;
+            let total: i64 = behind.iter().map(|r| r.get::<_, i64>(2)).sum();
+            if total > max {
+                let detail = behind
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "{}/{} {}",
+                            r.get::<_, String>(0),
+                            r.get::<_, i32>(1),
+                            r.get::<_, i64>(2)
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(RebuildError::Refused(format!(
+                    "{name} v{version} is {total} messages behind the live v{old} ({detail}); \
+                     cut over once it has caught up, or pass --force to serve it as it is"
+                )));
+            }
+        }
         accounts_ahead = tx
             .query_one(
                 "SELECT count(*) FROM projector.account_progress n \

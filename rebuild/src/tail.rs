@@ -303,7 +303,7 @@ pub(crate) async fn run(
                     .get()
                     .await
                     .map_err(|e| RebuildError::Connect(e.to_string()))?;
-                let report = cutover::cutover(&mut client, registry, &name, version).await?;
+                let report = cutover::cutover(&mut client, registry, &name, version, None).await?;
                 return Ok(Some(Outcome::CutOver(report)));
             }
             Ok(None)

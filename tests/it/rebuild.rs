@@ -666,7 +666,7 @@ async fn a_live_rebuild(source: Source) {
                 |(v1, v2)| v1.len() >= 3 && v2.len() >= 2,
             )
             .await;
-            let report = cutover::cutover(&mut db.client().await, &registry, "portfolio", 2)
+            let report = cutover::cutover(&mut db.client().await, &registry, "portfolio", 2, None)
                 .await
                 .expect("the cutover");
             let outcome = tokio::time::timeout(LIMIT, rebuilding)
@@ -1412,7 +1412,7 @@ async fn dropping_the_old_version_right_after_a_cutover_waits_for_the_live_servi
     .await;
     // An engineer cuts over and drops v1 at once, before `projector run` looked again.
     let mut client = db.client().await;
-    let report = cutover::cutover(&mut client, &registry, "portfolio", 2)
+    let report = cutover::cutover(&mut client, &registry, "portfolio", 2, None)
         .await
         .expect("cutover");
     assert_eq!(report.old, Some(1));
@@ -1738,6 +1738,65 @@ fn verify_compares_retire_drops_and_refusals_are_one_line() {
     assert_eq!(
         rt.block_on(rows(&client, "portfolio")),
         rt.block_on(rows(&client, "portfolio_v2"))
+    );
+}
+
+#[test]
+fn a_cutover_by_hand_refuses_a_version_far_behind_the_live_one_unless_forced() {
+    let rt = runtime();
+    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let db = Arc::new(rt.block_on(TestDb::new(&views())));
+    let events = fills(10, 30);
+    let ends = rt.block_on(publish(&bootstrap, TOPIC, &events));
+    rt.block_on(async {
+        let progress = Arc::new(crate::support::kafka::Progress::default());
+        let stop = CancellationToken::new();
+        let v1 = tokio::spawn(run_view(
+            Arc::new(Applier::new(portfolio(1), SourceOrdering::PerAccount).expect("applier")),
+            db.pool().clone(),
+            config(&bootstrap, TOPIC),
+            progress.clone(),
+            stop.clone(),
+        ));
+        progress.wait_for_ends(&ends, LIMIT).await;
+        stop.cancel();
+        v1.await.expect("join").expect("v1");
+        // v2 is stopped after its first batches: far behind v1.
+        let mut options = earliest(Cutover::Manual);
+        options.max_rate = Some(20);
+        options.batch_messages = 5;
+        let stop = CancellationToken::new();
+        let running = {
+            let (db, bootstrap, stop) = (db.clone(), bootstrap.clone(), stop.clone());
+            tokio::spawn(async move { rebuild(&db, &bootstrap, TOPIC, &options, stop).await })
+        };
+        eventually(
+            "v2 to be under way",
+            || consumed(&db, "portfolio_v2"),
+            |n| *n > 0,
+        )
+        .await;
+        stop.cancel();
+        let outcome = running.await.expect("join").expect("rebuild");
+        assert_eq!(outcome, Outcome::Stopped { version: 2 });
+    });
+    let cut = ["cutover", "portfolio", "--to-version", "2"];
+    refused(
+        "a cutover to a version far behind",
+        &run_output(&cli(&cut, db.url(), None)),
+        "messages behind the live v1",
+    );
+    assert_eq!(
+        rt.block_on(states(&db)),
+        [state(1, "live", false), state(2, "building", false)]
+    );
+    let mut forced = cli(&cut, db.url(), None);
+    forced.push("--force");
+    succeeded("a forced cutover", &run_output(&forced));
+    assert_eq!(
+        rt.block_on(states(&db)),
+        [state(1, "retired", false), state(2, "live", false)]
     );
 }
 

@@ -110,9 +110,15 @@ async fn only_the_live_version_emits_and_each_event_is_announced_once() {
     partial.log.truncate(before_cutover);
     consume(&v1, &mut client, &partial, 10).await;
 
-    projector_rebuild::cutover::cutover(&mut client, &projector_views_registry(), "portfolio", 2)
-        .await
-        .expect("cutover");
+    projector_rebuild::cutover::cutover(
+        &mut client,
+        &projector_views_registry(),
+        "portfolio",
+        2,
+        None,
+    )
+    .await
+    .expect("cutover");
 
     // After the cutover v1 (retired, still running somewhere for a moment) applies the rest
     // and emits nothing; v2 catches up: it does not announce account 3's close again (v1

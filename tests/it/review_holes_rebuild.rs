@@ -156,7 +156,7 @@ async fn hole_r1_a_cancelled_rebuild_cannot_be_cut_over_and_the_cancel_never_dro
     )
     .await;
 
-    let cut = cutover::cutover(&mut db.client().await, &registry, "portfolio", 2).await;
+    let cut = cutover::cutover(&mut db.client().await, &registry, "portfolio", 2, None).await;
     assert!(
         matches!(cut, Err(RebuildError::Refused(_))),
         "a cancelled rebuild must not be cut over, got {cut:?}"
@@ -332,12 +332,12 @@ async fn hole_r3_a_second_cutover_keeps_the_boundary_the_first_one_set() {
 
     register_building(&client, &code(2)).await;
     consume(&v2, &mut client, &head, 10).await;
-    cutover::cutover(&mut client, &registry, "portfolio", 2)
+    cutover::cutover(&mut client, &registry, "portfolio", 2, None)
         .await
         .expect("cutover to v2");
     register_building(&client, &code(3)).await;
     consume(&v3, &mut client, &head, 10).await;
-    cutover::cutover(&mut client, &registry, "portfolio", 3)
+    cutover::cutover(&mut client, &registry, "portfolio", 3, None)
         .await
         .expect("cutover to v3");
 
@@ -391,7 +391,7 @@ async fn hole_r4_a_retire_never_retires_the_version_a_cutover_made_live_meanwhil
     let cutting = {
         let (db, registry) = (db.clone(), registry.clone());
         tokio::spawn(async move {
-            cutover::cutover(&mut db.client().await, &registry, "portfolio", 2).await
+            cutover::cutover(&mut db.client().await, &registry, "portfolio", 2, None).await
         })
     };
     within(
