@@ -348,7 +348,7 @@ impl<'b> Work<'b> {
                     Some(None) => conflicts.push(Conflict {
                         index: i,
                         error: format!(
-                            "conflict: seq {} of account {} was applied before as another event (the account is at seq {}); event {:?} claims it too and was never applied (two events, one seq: a write-side bug)",
+                            "conflict: seq {} of account {} was applied before as another event (the account is at seq {}); event {:?} claims it too and was never applied (two events, one seq: a write-side bug; or the event an operator skipped with `projector parked skip`, arriving after all: see projector.skips)",
                             ev.seq, ev.account_id, acc.plan.last_seq.max(acc.initial.last_seq), ev.event_id
                         ),
                     }),
