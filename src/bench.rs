@@ -33,6 +33,16 @@ pub struct Args {
     /// Keep the scratch database afterwards (it is named on standard error).
     #[arg(long)]
     keep_db: bool,
+    /// Rows loaded into the inbox (untimed, with COPY) before the full-inbox phase runs the
+    /// engine phase again; 0 skips that phase.
+    #[arg(long, default_value_t = Options::new().inbox_rows, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
+    inbox_rows: u64,
+    /// PostgreSQL connections of the rebuild phases (`projector rebuild --max-connections`).
+    #[arg(long, default_value_t = Options::new().rebuild_connections, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    rebuild_connections: usize,
+    /// Messages per batch of the rebuild phases (`projector rebuild --batch-messages`).
+    #[arg(long, default_value_t = Options::new().rebuild_batch_messages, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    rebuild_batch_messages: usize,
 }
 
 /// Runs the benchmark on the server of `database_url` and prints its figures: the table, or
@@ -47,6 +57,9 @@ pub async fn run(args: Args, database_url: &str) -> anyhow::Result<()> {
     options.latency_seconds = args.latency_seconds;
     options.repeat = args.repeat;
     options.keep_db = args.keep_db;
+    options.inbox_rows = args.inbox_rows;
+    options.rebuild_connections = args.rebuild_connections;
+    options.rebuild_batch_messages = args.rebuild_batch_messages;
     let figures = projector_bench::run(&options, database_url).await?;
     let table = figures.table();
     if args.json {

@@ -97,8 +97,8 @@ pub struct Args {
     /// At most this many messages a second (default: as fast as the connections allow).
     #[arg(long)]
     pub max_rate: Option<u32>,
-    /// Messages per batch.
-    #[arg(long, default_value_t = 10_000)]
+    /// Messages per batch (larger batches were slower, measured: docs/benchmarks.md).
+    #[arg(long, default_value_t = 2_000)]
     pub batch_messages: usize,
     /// Pause the rebuild under way (its process stops consuming until --resume).
     #[arg(long, conflicts_with_all = ["resume", "cancel"])]

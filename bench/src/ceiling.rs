@@ -3,11 +3,17 @@
 //!
 //! Per partition (one connection each, concurrently, like the engine's workers; one connection
 //! for all partitions was slower) and per chunk of its events, one transaction:
-//! `COPY ... FROM STDIN (FORMAT binary)` of the inbox rows; then, pipelined, the view row each
+//! `COPY ... FROM STDIN (FORMAT binary)` of the inbox rows; then, pipelined, the view rows each
 //! event leaves behind (values from the fold), upserted in key-disjoint rounds of one
-//! set-based statement each, the accounts' progress and the fenced offset update; commit.
+//! set-based statement each, the accounts' progress and the fenced offset updates; commit.
 //! Every row version the engine writes is written here too: one inbox row and one view-row
-//! upsert per applied event, progress and offsets per chunk.
+//! upsert per applied event and table (eod: one per account and day and chunk, as the
+//! engine's order-independent statement aggregates a batch), progress and offsets per chunk.
+//!
+//! [`Targets`] says which views: portfolio alone (the one-view ceiling), or portfolio, risk
+//! and eod (the all-views ceiling). The all-views ceiling writes the three views' rows in one
+//! transaction per chunk, one commit where the engine, whose views are independent, makes
+//! three: the best plain SQL for those rows, so an upper bound.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -18,8 +24,11 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Statement;
 
-use super::events::{position_text, symbol, BenchEvent, Position};
+use super::events::{
+    day_name, day_of, position_text, symbol, BenchEvent, Day, Position, RiskWrite,
+};
 use crate::error::{stop, BenchError, Doing as _};
 
 /// Events per transaction: the fastest size measured on the bench's machine between 500 and
@@ -27,25 +36,36 @@ use crate::error::{stop, BenchError, Doing as _};
 /// transactions were slower, not faster. `docs/benchmarks.md` has the figures.
 pub const CHUNK: usize = 2_000;
 
-/// One event of a partition, with the portfolio row it leaves behind (trades only).
+/// One event of a partition, with the rows it leaves behind (trades only).
 pub struct Item<'a> {
     pub event: &'a BenchEvent,
     pub offset: i64,
+    /// The portfolio row.
     pub write: Option<(usize, Position)>,
+    /// The risk rows, when the targets include risk.
+    pub risk: Option<&'a RiskWrite>,
+}
+
+/// The view versions a ceiling writes: portfolio always; risk and eod for the all-views
+/// ceiling. Each is a version number.
+#[derive(Debug, Clone, Copy)]
+pub struct Targets {
+    pub portfolio: i32,
+    pub risk: Option<i32>,
+    pub eod: Option<i32>,
 }
 
 /// Runs every partition concurrently and returns the elapsed time.
 pub async fn run(
     pool: &Pool,
-    consumer: &str,
-    table: &str,
+    targets: Targets,
     topic: &str,
     partitions: BTreeMap<i32, Vec<Item<'_>>>,
 ) -> Result<Duration, BenchError> {
     let started = Instant::now();
     let work = partitions
         .iter()
-        .map(|(p, items)| partition(pool, consumer, table, topic, *p, items))
+        .map(|(p, items)| partition(pool, targets, topic, *p, items))
         .collect();
     for r in join_all(work).await {
         r?;
@@ -53,18 +73,20 @@ pub async fn run(
     Ok(started.elapsed())
 }
 
-async fn partition(
-    pool: &Pool,
-    consumer: &str,
-    table: &str,
-    topic: &str,
-    partition: i32,
-    items: &[Item<'_>],
-) -> Result<(), BenchError> {
-    let mut client = pool.get().await.doing("connecting to PostgreSQL")?;
-    let upsert = client
+/// The statements of one connection.
+struct Prepared {
+    portfolio: Statement,
+    positions: Option<Statement>,
+    risk: Option<Statement>,
+    eod: Option<Statement>,
+    progress: Statement,
+    advance: Statement,
+}
+
+async fn prepare(client: &deadpool_postgres::Client, t: Targets) -> Result<Prepared, BenchError> {
+    let portfolio = client
         .prepare(&format!(
-            "INSERT INTO {table} (account_id, symbol, net_qty, avg_price, realized_pnl, last_trade_at, version) \
+            "INSERT INTO portfolio_v{v} (account_id, symbol, net_qty, avg_price, realized_pnl, last_trade_at, version) \
              SELECT a, s, q::numeric, ap::numeric, r::numeric, t::timestamptz, v \
              FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[]) \
                   AS x(a, s, q, ap, r, t, v) \
@@ -72,10 +94,65 @@ async fn partition(
                  net_qty = EXCLUDED.net_qty, avg_price = EXCLUDED.avg_price, \
                  realized_pnl = EXCLUDED.realized_pnl, last_trade_at = EXCLUDED.last_trade_at, \
                  version = EXCLUDED.version \
-             WHERE {table}.version < EXCLUDED.version"
+             WHERE portfolio_v{v}.version < EXCLUDED.version",
+            v = t.portfolio
         ))
         .await
-        .doing("ceiling: preparing the upsert")?;
+        .doing("ceiling: preparing the portfolio upsert")?;
+    let (positions, risk) = match t.risk {
+        None => (None, None),
+        Some(v) => {
+            let positions = client
+                .prepare(&format!(
+                    "INSERT INTO risk_positions_v{v} (account_id, symbol, net_qty, last_price, version) \
+                     SELECT a, s, q::numeric, p::numeric, v \
+                     FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[]) AS x(a, s, q, p, v) \
+                     ON CONFLICT (account_id, symbol) DO UPDATE SET \
+                         net_qty = EXCLUDED.net_qty, last_price = EXCLUDED.last_price, version = EXCLUDED.version"
+                ))
+                .await
+                .doing("ceiling: preparing the risk book upsert")?;
+            let risk = client
+                .prepare(&format!(
+                    "INSERT INTO risk_v{v} (account_id, gross_exposure, net_exposure, open_positions, \
+                                            largest_position_symbol, largest_position_notional, version) \
+                     SELECT a, g::numeric, n::numeric, o, s, l::numeric, v \
+                     FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bigint[]) \
+                          AS x(a, g, n, o, s, l, v) \
+                     ON CONFLICT (account_id) DO UPDATE SET \
+                         gross_exposure = EXCLUDED.gross_exposure, net_exposure = EXCLUDED.net_exposure, \
+                         open_positions = EXCLUDED.open_positions, \
+                         largest_position_symbol = EXCLUDED.largest_position_symbol, \
+                         largest_position_notional = EXCLUDED.largest_position_notional, \
+                         version = EXCLUDED.version"
+                ))
+                .await
+                .doing("ceiling: preparing the risk upsert")?;
+            (Some(positions), Some(risk))
+        }
+    };
+    let eod = match t.eod {
+        None => None,
+        Some(v) => Some(
+            client
+                .prepare(&format!(
+                    "INSERT INTO eod_v{v} (account_id, trading_day, fills, busts, bought_qty, sold_qty, \
+                                          bought_notional, sold_notional, fees, cash_in, cash_out) \
+                     SELECT a, d::date, f, b, bq::numeric, sq::numeric, bn::numeric, sn::numeric, \
+                            fe::numeric, ci::numeric, co::numeric \
+                     FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], \
+                                 $7::text[], $8::text[], $9::text[], $10::text[], $11::text[]) \
+                          AS x(a, d, f, b, bq, sq, bn, sn, fe, ci, co) \
+                     ON CONFLICT (account_id, trading_day) DO UPDATE SET \
+                         fills = EXCLUDED.fills, busts = EXCLUDED.busts, \
+                         bought_qty = EXCLUDED.bought_qty, sold_qty = EXCLUDED.sold_qty, \
+                         bought_notional = EXCLUDED.bought_notional, sold_notional = EXCLUDED.sold_notional, \
+                         fees = EXCLUDED.fees, cash_in = EXCLUDED.cash_in, cash_out = EXCLUDED.cash_out"
+                ))
+                .await
+                .doing("ceiling: preparing the eod upsert")?,
+        ),
+    };
     // The engine's progress rows, as one plain upsert (the engine creates and locks them
     // first, which the ceiling need not do: it has no other writer).
     let progress = client
@@ -91,13 +168,51 @@ async fn partition(
         .prepare(projector_engine::queries::ADVANCE_OFFSET)
         .await
         .doing("ceiling: preparing the offset update")?;
-    client
-        .execute(
-            "INSERT INTO projector.offsets (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, 0)",
-            &[&consumer, &topic, &partition],
-        )
-        .await
-        .doing("ceiling: creating the offset row")?;
+    Ok(Prepared {
+        portfolio,
+        positions,
+        risk,
+        eod,
+        progress,
+        advance,
+    })
+}
+
+/// One consumer's counts in a chunk, for its offset update.
+struct Advance {
+    consumer: String,
+    applied: i64,
+    ignored: i64,
+}
+
+async fn partition(
+    pool: &Pool,
+    targets: Targets,
+    topic: &str,
+    partition: i32,
+    items: &[Item<'_>],
+) -> Result<(), BenchError> {
+    let mut client = pool.get().await.doing("connecting to PostgreSQL")?;
+    let st = prepare(&client, targets).await?;
+    let portfolio = format!("portfolio_v{}", targets.portfolio);
+    let risk = targets.risk.map(|v| format!("risk_v{v}"));
+    let eod = targets.eod.map(|v| format!("eod_v{v}"));
+    // Consumers that track accounts' progress (order-dependent views).
+    let ordered: Vec<&str> = std::iter::once(portfolio.as_str())
+        .chain(risk.as_deref())
+        .collect();
+    let consumers: Vec<&str> = ordered.iter().copied().chain(eod.as_deref()).collect();
+    for consumer in &consumers {
+        client
+            .execute(
+                "INSERT INTO projector.offsets (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, 0)",
+                &[consumer, &topic, &partition],
+            )
+            .await
+            .doing("ceiling: creating the offset row")?;
+    }
+    // The eod rows of this partition as they stand (its accounts are this partition's own).
+    let mut days: HashMap<(i64, usize), Day> = HashMap::new();
 
     let mut start = 0i64;
     for chunk in items.chunks(CHUNK) {
@@ -109,23 +224,41 @@ async fn partition(
             .await
             .doing("ceiling: COPY")?;
         let mut writer = pin!(BinaryCopyInWriter::new(sink, &[Type::TEXT, Type::TEXT]));
-        for item in chunk.iter().filter(|i| i.write.is_some()) {
-            writer
-                .as_mut()
-                .write(&[&consumer, &item.event.event_id])
-                .await
-                .doing("ceiling: COPY row")?;
+        for item in chunk {
+            let trade = item.write.is_some();
+            for (consumer, writes) in [
+                (Some(portfolio.as_str()), trade),
+                (risk.as_deref(), trade),
+                (eod.as_deref(), true),
+            ] {
+                if let (Some(consumer), true) = (consumer, writes) {
+                    writer
+                        .as_mut()
+                        .write(&[&consumer, &item.event.event_id])
+                        .await
+                        .doing("ceiling: COPY row")?;
+                }
+            }
         }
         writer.finish().await.doing("ceiling: COPY end")?;
 
-        // Key-disjoint rounds: round r holds the r-th write of each (account, symbol).
+        // Key-disjoint rounds: round r holds the r-th write of each key.
         let mut rounds: Vec<Round> = Vec::new();
         let mut depth: HashMap<(i64, usize), usize> = HashMap::new();
+        let mut book_rounds: Vec<BookRound> = Vec::new();
+        let mut account_rounds: Vec<AccountRound> = Vec::new();
+        let mut account_depth: HashMap<i64, usize> = HashMap::new();
+        let mut touched: BTreeMap<(i64, usize), ()> = BTreeMap::new();
         let mut last_seq: BTreeMap<i64, (i64, &str)> = BTreeMap::new();
         let mut applied = 0i64;
         for item in chunk {
             let e = item.event;
             last_seq.insert(e.account_id, (e.seq, e.event_id.as_str()));
+            if eod.is_some() {
+                let key = (e.account_id, day_of(e));
+                days.entry(key).or_default().book(&e.kind);
+                touched.insert(key, ());
+            }
             let Some((s, pos)) = &item.write else {
                 continue;
             };
@@ -133,39 +266,118 @@ async fn partition(
             let d = depth.entry((e.account_id, *s)).or_insert(0);
             if rounds.len() <= *d {
                 rounds.push(Round::default());
+                book_rounds.push(BookRound::default());
             }
             rounds[*d].push(e.account_id, *s, pos);
+            if let (Some(_), Some(w)) = (&risk, item.risk) {
+                book_rounds[*d].push(w);
+                let ad = account_depth.entry(e.account_id).or_insert(0);
+                if account_rounds.len() <= *ad {
+                    account_rounds.push(AccountRound::default());
+                }
+                account_rounds[*ad].push(w);
+                *ad += 1;
+            }
             *d += 1;
         }
-        let ignored = chunk.len() as i64 - applied;
+        let mut day_rows = DayRows::default();
+        for key in touched.keys() {
+            if let Some(d) = days.get(key) {
+                day_rows.push(*key, d);
+            }
+        }
+        let total = chunk.len() as i64;
+        let ignored = total - applied;
         let accounts: Vec<i64> = last_seq.keys().copied().collect();
         let seqs: Vec<i64> = last_seq.values().map(|(s, _)| *s).collect();
         let ids: Vec<&str> = last_seq.values().map(|(_, e)| *e).collect();
         let zero = 0i64;
+        let owner = "ceiling";
+        let advances: Vec<Advance> = consumers
+            .iter()
+            .map(|c| Advance {
+                consumer: (*c).to_owned(),
+                applied: if Some(*c) == eod.as_deref() {
+                    total
+                } else {
+                    applied
+                },
+                ignored: if Some(*c) == eod.as_deref() {
+                    0
+                } else {
+                    ignored
+                },
+            })
+            .collect();
 
         let round_params: Vec<[&(dyn ToSql + Sync); 7]> =
             rounds.iter().map(Round::params).collect();
-        let progress_params: [&(dyn ToSql + Sync); 4] = [&consumer, &accounts, &seqs, &ids];
-        let owner = "ceiling";
-        let advance_params: [&(dyn ToSql + Sync); 16] = [
-            &consumer, &topic, &partition, &next, &start, &applied, &ignored, &zero, &zero, &zero,
-            &zero, &owner, &zero, &zero, &zero, &zero,
-        ];
+        let book_params: Vec<[&(dyn ToSql + Sync); 5]> = if risk.is_some() {
+            book_rounds.iter().map(BookRound::params).collect()
+        } else {
+            Vec::new()
+        };
+        let account_params: Vec<[&(dyn ToSql + Sync); 7]> =
+            account_rounds.iter().map(AccountRound::params).collect();
+        let progress_params: Vec<[&(dyn ToSql + Sync); 4]> = ordered
+            .iter()
+            .map(|c| -> [&(dyn ToSql + Sync); 4] { [c, &accounts, &seqs, &ids] })
+            .collect();
+        let advance_params: Vec<[&(dyn ToSql + Sync); 16]> = advances
+            .iter()
+            .map(|a| -> [&(dyn ToSql + Sync); 16] {
+                [
+                    &a.consumer,
+                    &topic,
+                    &partition,
+                    &next,
+                    &start,
+                    &a.applied,
+                    &a.ignored,
+                    &zero,
+                    &zero,
+                    &zero,
+                    &zero,
+                    &owner,
+                    &zero,
+                    &zero,
+                    &zero,
+                    &zero,
+                ]
+            })
+            .collect();
+        let day_params = day_rows.params();
         type Pending<'s> =
             Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> + Send + 's>>;
         let mut statements: Vec<Pending<'_>> = Vec::new();
         for params in &round_params {
-            statements.push(Box::pin(tx.execute(&upsert, params)));
+            statements.push(Box::pin(tx.execute(&st.portfolio, params)));
         }
-        statements.push(Box::pin(tx.execute(&progress, &progress_params)));
-        statements.push(Box::pin(tx.execute(&advance, &advance_params)));
+        if let (Some(positions), Some(risk)) = (&st.positions, &st.risk) {
+            for params in &book_params {
+                statements.push(Box::pin(tx.execute(positions, params)));
+            }
+            for params in &account_params {
+                statements.push(Box::pin(tx.execute(risk, params)));
+            }
+        }
+        if let Some(eod) = &st.eod {
+            statements.push(Box::pin(tx.execute(eod, &day_params)));
+        }
+        for params in &progress_params {
+            statements.push(Box::pin(tx.execute(&st.progress, params)));
+        }
+        let advanced = advance_params.len();
+        for params in &advance_params {
+            statements.push(Box::pin(tx.execute(&st.advance, params)));
+        }
         let results = join_all(statements).await;
-        let mut moved = 0;
+        let mut moved = Vec::new();
         for r in results {
-            moved = r.doing("ceiling: a statement")?;
+            moved.push(r.doing("ceiling: a statement")?);
         }
-        if moved != 1 {
-            stop!("ceiling: the offset row of partition {partition} was not at {start}");
+        if moved.iter().rev().take(advanced).any(|m| *m != 1) {
+            stop!("ceiling: an offset row of partition {partition} was not at {start}");
         }
         tx.commit().await.doing("ceiling: commit")?;
         start = next;
@@ -206,6 +418,113 @@ impl Round {
             &self.realized_pnl,
             &self.last_trade_at,
             &self.version,
+        ]
+    }
+}
+
+/// One set-based upsert of risk book rows.
+#[derive(Default)]
+struct BookRound {
+    account: Vec<i64>,
+    symbol: Vec<&'static str>,
+    net_qty: Vec<String>,
+    last_price: Vec<String>,
+    version: Vec<i64>,
+}
+
+impl BookRound {
+    fn push(&mut self, w: &RiskWrite) {
+        let (q, lp, v) = w.position;
+        self.account.push(w.account_id);
+        self.symbol.push(symbol(w.symbol));
+        self.net_qty.push(super::events::fixed(q, 0));
+        self.last_price.push(super::events::fixed(lp, 10));
+        self.version.push(v);
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 5] {
+        [
+            &self.account,
+            &self.symbol,
+            &self.net_qty,
+            &self.last_price,
+            &self.version,
+        ]
+    }
+}
+
+/// One set-based upsert of risk account rows.
+#[derive(Default)]
+struct AccountRound {
+    account: Vec<i64>,
+    gross: Vec<String>,
+    net: Vec<String>,
+    open: Vec<i64>,
+    largest: Vec<Option<&'static str>>,
+    notional: Vec<String>,
+    version: Vec<i64>,
+}
+
+impl AccountRound {
+    fn push(&mut self, w: &RiskWrite) {
+        let (gross, net, open, largest, notional, version) = w.account.text();
+        self.account.push(w.account_id);
+        self.gross.push(gross);
+        self.net.push(net);
+        self.open.push(open);
+        self.largest.push(largest);
+        self.notional.push(notional);
+        self.version.push(version);
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 7] {
+        [
+            &self.account,
+            &self.gross,
+            &self.net,
+            &self.open,
+            &self.largest,
+            &self.notional,
+            &self.version,
+        ]
+    }
+}
+
+/// The eod rows a chunk touched, as they stand after it.
+#[derive(Default)]
+struct DayRows {
+    account: Vec<i64>,
+    day: Vec<&'static str>,
+    fills: Vec<i64>,
+    busts: Vec<i64>,
+    sums: [Vec<String>; 7],
+}
+
+impl DayRows {
+    fn push(&mut self, (account, day): (i64, usize), d: &Day) {
+        self.account.push(account);
+        self.day.push(day_name(day));
+        self.fills.push(d.fills);
+        self.busts.push(d.busts);
+        for (column, value) in self.sums.iter_mut().zip(d.text()) {
+            column.push(value);
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 11] {
+        let [a, b, c, d, e, f, g] = &self.sums;
+        [
+            &self.account,
+            &self.day,
+            &self.fills,
+            &self.busts,
+            a,
+            b,
+            c,
+            d,
+            e,
+            f,
+            g,
         ]
     }
 }

@@ -71,6 +71,20 @@ impl Watch {
         self.with(|s| std::mem::take(&mut s.log))
     }
 
+    /// Waits until every consumer has committed something: the first event of a live feed
+    /// is visible, and the feed goes on.
+    pub async fn first_visible(&self) -> Result<(), BenchError> {
+        let consumers = self.consumers.clone();
+        self.wait("the first event to be visible", |s| {
+            consumers.iter().all(|c| {
+                s.committed
+                    .iter()
+                    .any(|((consumer, _), next)| consumer == c && *next > 0)
+            })
+        })
+        .await
+    }
+
     async fn wait(&self, what: &str, done: impl Fn(&State) -> bool) -> Result<(), BenchError> {
         let deadline = tokio::time::Instant::now() + PHASE_TIMEOUT;
         loop {
@@ -336,16 +350,7 @@ async fn feed(
             return Ok(sent_at);
         };
         send(first, &mut sent_at);
-        let consumers = watch.consumers.clone();
-        watch
-            .wait("the first event to be visible", |s| {
-                consumers.iter().all(|c| {
-                    s.committed
-                        .iter()
-                        .any(|((consumer, _), next)| consumer == c && *next > 0)
-                })
-            })
-            .await?;
+        watch.first_visible().await?;
         let started = Instant::now();
         let _ = released.send(started);
         match rate {

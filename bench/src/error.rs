@@ -48,6 +48,9 @@ pub enum BenchError {
     /// Publishing the events failed.
     #[error(transparent)]
     Publish(#[from] PublishError),
+    /// The rebuild phase's rebuild failed.
+    #[error(transparent)]
+    Rebuild(#[from] projector_rebuild::RebuildError),
     /// A task of the bench panicked or was cancelled.
     #[error(transparent)]
     Task(#[from] tokio::task::JoinError),

@@ -365,6 +365,8 @@ pub struct Fold {
     /// Per portfolio event, in stream order: the row it leaves behind (what the ceiling
     /// writes).
     pub portfolio_writes: Vec<(i64, usize, Position)>,
+    /// Per risk event, in stream order: the book row and the account row it leaves behind.
+    pub risk_writes: Vec<RiskWrite>,
     /// Events the portfolio and risk views apply.
     pub trades: u64,
     /// All events.
@@ -387,40 +389,88 @@ pub struct Day {
     pub cash_out: i128,
 }
 
+/// One `risk_positions_vN` row: net quantity in lots, last price at scale 10, version.
+pub type RiskPosition = (i128, i128, i64);
+
+/// One `risk_vN` row after the key: gross and net exposure at scale 10, open positions, the
+/// largest position (notional at scale 10, symbol), version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RiskAccount {
+    pub gross: i128,
+    pub net: i128,
+    pub open: i64,
+    pub largest: Option<(i128, &'static str)>,
+    pub version: i64,
+}
+
+impl RiskAccount {
+    /// The account row of a book, as `risk.sql` computes it: open positions only, the
+    /// largest by exposure, ties to the smallest symbol in byte order.
+    fn of<'a>(book: impl IntoIterator<Item = (usize, &'a RiskPosition)>) -> Self {
+        let mut t = Self::default();
+        for (s, &(q, lp, version)) in book {
+            t.version = t.version.max(version);
+            if q == 0 {
+                continue;
+            }
+            let exposure = q.abs() * lp;
+            t.gross += exposure;
+            t.net += q * lp;
+            t.open += 1;
+            let better = match t.largest {
+                None => true,
+                Some((n, name)) => exposure > n || (exposure == n && symbol(s) < name),
+            };
+            if better {
+                t.largest = Some((exposure, symbol(s)));
+            }
+        }
+        t
+    }
+
+    /// Text of the columns after the key: gross, net, open, largest symbol, its notional,
+    /// version.
+    pub fn text(&self) -> (String, String, i64, Option<&'static str>, String, i64) {
+        (
+            fixed(self.gross, 10),
+            fixed(self.net, 10),
+            self.open,
+            self.largest.map(|(_, s)| s),
+            fixed(self.largest.map_or(0, |(n, _)| n), 10),
+            self.version,
+        )
+    }
+}
+
+/// What one risk event leaves behind: its symbol's book row and the account row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RiskWrite {
+    pub account_id: i64,
+    pub symbol: usize,
+    pub position: RiskPosition,
+    pub account: RiskAccount,
+}
+
+/// The trading day (index into the bench's days) of an event.
+pub fn day_of(e: &BenchEvent) -> usize {
+    usize::try_from(e.at_ms / DAY_MS).unwrap_or(0)
+}
+
+/// The date of a trading day index.
+pub fn day_name(day: usize) -> &'static str {
+    DAYS[day.min(DAYS.len() - 1)]
+}
+
 /// Folds events given in any order that keeps each account's `seq` order.
 pub fn fold<'a>(events: impl IntoIterator<Item = &'a BenchEvent>, keep_writes: bool) -> Fold {
     let mut f = Fold::default();
     for e in events {
         f.events += 1;
         f.last_seq.insert(e.account_id, e.seq);
-        let day = usize::try_from(e.at_ms / DAY_MS).unwrap_or(0);
-        let d = f.eod.entry((e.account_id, day)).or_default();
-        match &e.kind {
-            Kind::Fill {
-                buy,
-                qty,
-                price,
-                fee,
-                ..
-            } => {
-                d.fills += 1;
-                d.fees += i128::from(*fee);
-                book_day(d, *buy, 1, *qty, *price);
-            }
-            Kind::Bust {
-                buy, qty, price, ..
-            } => {
-                d.busts += 1;
-                book_day(d, *buy, -1, *qty, *price);
-            }
-            Kind::Cash { amount } => {
-                if *amount > 0 {
-                    d.cash_in += i128::from(*amount);
-                } else {
-                    d.cash_out -= i128::from(*amount);
-                }
-            }
-        }
+        f.eod
+            .entry((e.account_id, day_of(e)))
+            .or_default()
+            .book(&e.kind);
         let Some((symbol, s, x, p)) = trade(&e.kind) else {
             continue;
         };
@@ -433,8 +483,68 @@ pub fn fold<'a>(events: impl IntoIterator<Item = &'a BenchEvent>, keep_writes: b
         }
         let r = f.risk_positions.entry(key).or_insert((0, 0, 0));
         *r = (r.0 + s * x, p, e.seq);
+        let position = *r;
+        if keep_writes {
+            let account = RiskAccount::of(
+                f.risk_positions
+                    .range((e.account_id, 0)..=(e.account_id, usize::MAX))
+                    .map(|(&(_, s), r)| (s, r)),
+            );
+            f.risk_writes.push(RiskWrite {
+                account_id: e.account_id,
+                symbol,
+                position,
+                account,
+            });
+        }
     }
     f
+}
+
+impl Day {
+    /// Books one event, as `eod.sql` does.
+    pub fn book(&mut self, kind: &Kind) {
+        match kind {
+            Kind::Fill {
+                buy,
+                qty,
+                price,
+                fee,
+                ..
+            } => {
+                self.fills += 1;
+                self.fees += i128::from(*fee);
+                book_day(self, *buy, 1, *qty, *price);
+            }
+            Kind::Bust {
+                buy, qty, price, ..
+            } => {
+                self.busts += 1;
+                book_day(self, *buy, -1, *qty, *price);
+            }
+            Kind::Cash { amount } => {
+                if *amount > 0 {
+                    self.cash_in += i128::from(*amount);
+                } else {
+                    self.cash_out -= i128::from(*amount);
+                }
+            }
+        }
+    }
+
+    /// Text of the numeric columns: bought and sold quantity, bought and sold notional,
+    /// fees, cash in, cash out.
+    pub fn text(&self) -> [String; 7] {
+        [
+            fixed(self.bought_qty, 0),
+            fixed(self.sold_qty, 0),
+            fixed(self.bought_notional, 5),
+            fixed(self.sold_notional, 5),
+            fixed(self.fees, 2),
+            fixed(self.cash_in, 2),
+            fixed(self.cash_out, 2),
+        ]
+    }
 }
 
 fn book_day(d: &mut Day, buy: bool, direction: i128, qty: i64, price: i64) {
@@ -536,10 +646,9 @@ impl Fold {
             ],
             2,
         );
-        // Per account: gross, net, open positions, largest (notional, symbol), version.
-        type Totals = (i128, i128, i64, Option<(i128, &'static str)>, i64);
-        let mut accounts: BTreeMap<i64, Totals> = BTreeMap::new();
-        for (&(account, s), &(q, lp, version)) in &self.risk_positions {
+        let mut books: BTreeMap<i64, Vec<(usize, &RiskPosition)>> = BTreeMap::new();
+        for (&(account, s), r) in &self.risk_positions {
+            let &(q, lp, version) = r;
             positions.push(vec![
                 some(account.to_string()),
                 some(symbol(s)),
@@ -547,23 +656,7 @@ impl Fold {
                 some(fixed(lp, 10)),
                 some(version.to_string()),
             ]);
-            let t = accounts.entry(account).or_insert((0, 0, 0, None, 0));
-            t.4 = t.4.max(version);
-            if q == 0 {
-                continue;
-            }
-            let exposure = q.abs() * lp;
-            t.0 += exposure;
-            t.1 += q * lp;
-            t.2 += 1;
-            // Greatest exposure; ties go to the smallest symbol in byte order.
-            let better = match t.3 {
-                None => true,
-                Some((n, name)) => exposure > n || (exposure == n && symbol(s) < name),
-            };
-            if better {
-                t.3 = Some((exposure, symbol(s)));
-            }
+            books.entry(account).or_default().push((s, r));
         }
         let mut risk = Expected::new(
             format!("risk_v{version}"),
@@ -578,14 +671,15 @@ impl Fold {
             ],
             1,
         );
-        for (account, (gross, net, open, largest, version)) in accounts {
+        for (account, book) in books {
+            let (gross, net, open, largest, notional, version) = RiskAccount::of(book).text();
             risk.push(vec![
                 some(account.to_string()),
-                some(fixed(gross, 10)),
-                some(fixed(net, 10)),
+                some(gross),
+                some(net),
                 some(open.to_string()),
-                largest.map(|(_, s)| s.to_owned()),
-                some(fixed(largest.map_or(0, |(n, _)| n), 10)),
+                largest.map(str::to_owned),
+                some(notional),
                 some(version.to_string()),
             ]);
         }
@@ -612,19 +706,14 @@ impl Fold {
             2,
         );
         for (&(account, day), d) in &self.eod {
-            e.push(vec![
+            let mut row = vec![
                 some(account.to_string()),
-                some(DAYS[day.min(DAYS.len() - 1)]),
+                some(day_name(day)),
                 some(d.fills.to_string()),
                 some(d.busts.to_string()),
-                some(fixed(d.bought_qty, 0)),
-                some(fixed(d.sold_qty, 0)),
-                some(fixed(d.bought_notional, 5)),
-                some(fixed(d.sold_notional, 5)),
-                some(fixed(d.fees, 2)),
-                some(fixed(d.cash_in, 2)),
-                some(fixed(d.cash_out, 2)),
-            ]);
+            ];
+            row.extend(d.text().into_iter().map(Some));
+            e.push(row);
         }
         e
     }
@@ -726,5 +815,20 @@ mod tests {
         assert!(a.iter().any(|e| matches!(e.kind, Kind::Cash { .. })));
         let f = fold(&a, true);
         assert_eq!(f.portfolio_writes.len() as u64, f.trades);
+        assert_eq!(f.risk_writes.len() as u64, f.trades);
+        // The last account row each account's risk events leave behind is the folded one.
+        let mut last: BTreeMap<i64, RiskAccount> = BTreeMap::new();
+        for w in &f.risk_writes {
+            last.insert(w.account_id, w.account);
+        }
+        let [_, risk] = f.risk_rows(1);
+        assert_eq!(risk.values[0].len(), last.len());
+        for (i, account) in risk.values[0].iter().enumerate() {
+            let id: i64 = account.as_deref().unwrap_or_default().parse().unwrap_or(0);
+            let (gross, _, open, _, _, version) = last[&id].text();
+            assert_eq!(risk.values[1][i].as_deref(), Some(gross.as_str()));
+            assert_eq!(risk.values[3][i], Some(open.to_string()));
+            assert_eq!(risk.values[6][i], Some(version.to_string()));
+        }
     }
 }

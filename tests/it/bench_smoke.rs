@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use rust_decimal::Decimal;
 
-const KEYS: [&str; 9] = [
+const KEYS: [&str; 14] = [
     "naive_eps",
     "engine_eps",
     "engine_all_views_eps",
@@ -17,6 +17,11 @@ const KEYS: [&str; 9] = [
     "p99_ms",
     "engine_over_naive",
     "engine_over_ceiling",
+    "ceiling_all_views_eps",
+    "engine_full_inbox_eps",
+    "rebuild_eps",
+    "rebuild_over_ceiling",
+    "rebuild_live_p99_ms",
 ];
 
 #[test]
@@ -38,6 +43,8 @@ fn the_bench_reports_every_figure_as_json() {
             "2",
             "--repeat",
             "1",
+            "--inbox-rows",
+            "5000",
         ])
         .env("PROJECTOR_LOG", "error")
         .env("NO_COLOR", "1")
@@ -77,6 +84,11 @@ fn the_bench_reports_every_figure_as_json() {
     }
     assert_eq!(json["events"], 2000);
     assert_eq!(json["accounts"], 50);
+    assert_eq!(json["inbox_rows"], 5000);
+    assert!(
+        json["rebuild_live_events"].as_u64().is_some_and(|n| n > 0),
+        "no live event was published while the rebuild ran: {json}"
+    );
 
     // The scratch database was dropped.
     let left = tokio::runtime::Builder::new_current_thread()
