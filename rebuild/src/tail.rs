@@ -273,6 +273,11 @@ pub(crate) async fn run(
                 }
                 _ => {}
             }
+            if shutdown.is_cancelled() {
+                // The tail's token is a child of `shutdown`: it ended because we were told
+                // to stop, during this tick. Stopped, not failed; the tail is stopped below.
+                return Ok(Some(Outcome::Stopped { version }));
+            }
             if consuming.as_ref().is_some_and(|c| c.task.is_finished()) {
                 // Its error, if it ended with one, says more than that it ended.
                 if let Some(c) = consuming.take() {
