@@ -1,32 +1,11 @@
 //! Gaps and failing statements park an account; its later events wait in order in
 //! PostgreSQL; other accounts go on.
 
-use std::sync::Arc;
-
-use crate::support::{rows, trail_fold, Trail};
-use projector_engine::testkit::{fill, Partition, TestDb};
-use projector_engine::{Applier, Disposition, Registry, SourceOrdering};
+use crate::support::{rows, trail_db, trail_fold, trail_of};
+use projector_engine::testkit::{fill, Partition};
+use projector_engine::Disposition;
 
 const AT: &str = "2026-11-29T10:15:00Z";
-
-async fn setup() -> (TestDb, Applier) {
-    let registry = Registry::new().register(Trail::new(1)).expect("registry");
-    let db = TestDb::new(&registry).await;
-    let applier =
-        Applier::new(Arc::new(Trail::new(1)), SourceOrdering::PerAccount).expect("applier");
-    (db, applier)
-}
-
-async fn trail(client: &deadpool_postgres::Client, account: i64) -> Option<String> {
-    client
-        .query_opt(
-            "SELECT trail FROM trail_v1 WHERE account_id = $1",
-            &[&account],
-        )
-        .await
-        .expect("trail")
-        .map(|r| r.get(0))
-}
 
 async fn parked(client: &deadpool_postgres::Client) -> Vec<(i64, String, i64)> {
     client
@@ -60,7 +39,7 @@ fn f(account: i64, seq: i64, qty: &str) -> projector_engine::testkit::EventSpec 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gap_parks_the_account_until_the_missing_event_arrives() {
-    let (db, applier) = setup().await;
+    let (db, applier) = trail_db().await;
     let mut client = db.client().await;
     let all = [
         f(1, 1, "1"),
@@ -82,9 +61,9 @@ async fn a_gap_parks_the_account_until_the_missing_event_arrives() {
         .await
         .expect("batch 1");
     assert_eq!(first.counts.waiting, 2);
-    assert_eq!(trail(&client, 1).await.as_deref(), Some("1,2"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1,2"));
     assert_eq!(
-        trail(&client, 2).await.as_deref(),
+        trail_of(&client, 2).await.as_deref(),
         Some("1,2,3"),
         "other accounts go on"
     );
@@ -101,7 +80,7 @@ async fn a_gap_parks_the_account_until_the_missing_event_arrives() {
     assert_eq!(second.counts.waiting, 1);
     assert_eq!(second.counts.dup_seq, 1);
     assert_eq!(waiting(&client, 1).await, [4, 5, 6]);
-    assert_eq!(trail(&client, 1).await.as_deref(), Some("1,2"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1,2"));
 
     log.push_event(&a3);
     let third = applier
@@ -110,7 +89,7 @@ async fn a_gap_parks_the_account_until_the_missing_event_arrives() {
         .expect("batch 3");
     assert_eq!(third.dispositions, [(10, Disposition::Applied)]);
     assert_eq!(third.counts.drained, 3);
-    assert_eq!(trail(&client, 1).await.as_deref(), Some("1,2,3,4,5,6"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1,2,3,4,5,6"));
     assert!(parked(&client).await.is_empty());
     assert!(waiting(&client, 1).await.is_empty());
 
@@ -120,7 +99,7 @@ async fn a_gap_parks_the_account_until_the_missing_event_arrives() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_statement_dead_letters_that_event_and_parks_only_its_account() {
-    let (db, applier) = setup().await;
+    let (db, applier) = trail_db().await;
     let mut client = db.client().await;
     // qty 2000000 violates the view's CHECK constraint: the statement fails for that event.
     let log = Partition::from_events(
@@ -145,8 +124,8 @@ async fn a_failing_statement_dead_letters_that_event_and_parks_only_its_account(
         [Applied, Applied, DeadLettered, Applied, Waiting, Applied]
     );
     assert_eq!(outcome.counts.failed, 1);
-    assert_eq!(trail(&client, 1).await.as_deref(), Some("1"));
-    assert_eq!(trail(&client, 2).await.as_deref(), Some("1,2,3"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1"));
+    assert_eq!(trail_of(&client, 2).await.as_deref(), Some("1,2,3"));
     assert_eq!(parked(&client).await, [(1, "dead_letter".to_owned(), 2)]);
     assert_eq!(waiting(&client, 1).await, [3]);
 
@@ -180,7 +159,7 @@ async fn a_failing_statement_dead_letters_that_event_and_parks_only_its_account(
         [Waiting, DeadLettered]
     );
     assert_eq!(waiting(&client, 1).await, [3, 4]);
-    assert_eq!(trail(&client, 1).await.as_deref(), Some("1"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1"));
     let (reason, dead_letter, newest): (String, Option<i64>, i64) = client
         .query_one(
             "SELECT k.reason, k.dead_letter_id, (SELECT max(id) FROM projector.dead_letters) \
@@ -204,7 +183,7 @@ async fn a_failing_statement_dead_letters_that_event_and_parks_only_its_account(
         .expect("fixed");
     assert_eq!(fixed.dispositions, [(8, Applied)]);
     assert_eq!(fixed.counts.drained, 2);
-    assert_eq!(trail(&client, 1).await.as_deref(), Some("1,2,3,4"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1,2,3,4"));
     assert!(parked(&client).await.is_empty());
     assert!(waiting(&client, 1).await.is_empty());
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::support::fills;
 use crate::support::kafka::publish;
-use crate::support::process::{run_to_end, Projector};
+use crate::support::process::{run_to_end, wait_until, Projector};
 use projector_devkit::devbroker::DevBroker;
 use projector_engine::testkit::conformance::dump;
 use projector_engine::testkit::{consume, EventSpec, Lcg, Partition, TestDb};
@@ -89,32 +89,6 @@ fn owner_of(p: &Projector) -> String {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".to_owned());
     format!("{host}:{}", p.pid())
-}
-
-/// Polls PostgreSQL until `done` holds for what `probe` reads; panics at the deadline with
-/// the process logs. The poll interval is a sampling rate, not a guess at how long anything
-/// takes.
-fn wait_until<T: std::fmt::Debug>(
-    what: &str,
-    processes: &mut [&mut Projector],
-    mut probe: impl FnMut() -> T,
-    done: impl Fn(&T) -> bool,
-) -> T {
-    let deadline = std::time::Instant::now() + LIMIT;
-    loop {
-        let seen = probe();
-        if done(&seen) {
-            return seen;
-        }
-        if std::time::Instant::now() > deadline {
-            let logs: Vec<String> = processes.iter_mut().map(|p| p.log()).collect();
-            panic!(
-                "timed out waiting for {what}: last seen {seen:?}; logs:\n{}",
-                logs.join("\n---\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn run_args<'a>(bootstrap: &'a str, url: &'a str) -> Vec<&'a str> {

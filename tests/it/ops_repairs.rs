@@ -3,35 +3,14 @@
 //! equal to the fold without that event; both recorded with who and why, through the
 //! library and through `projector dlq` / `projector parked`.
 
-use std::sync::Arc;
-
-use crate::support::{trail_fold, Trail};
+use crate::support::{trail_db, trail_fold, trail_of};
 use projector_engine::testkit::{fill, EventSpec, Partition, TestDb};
-use projector_engine::{Applier, ApplyError, Disposition, Registry, SourceOrdering};
+use projector_engine::{Applier, ApplyError, Disposition, SourceOrdering};
 
 const AT: &str = "2026-11-29T10:15:00Z";
 
 fn f(account: i64, seq: i64, qty: &str) -> EventSpec {
     fill(account, seq, AT, "EURUSD", "buy", qty, "1.5", "0")
-}
-
-async fn setup() -> (TestDb, Applier) {
-    let registry = Registry::new().register(Trail::new(1)).expect("registry");
-    let db = TestDb::new(&registry).await;
-    let applier =
-        Applier::new(Arc::new(Trail::new(1)), SourceOrdering::PerAccount).expect("applier");
-    (db, applier)
-}
-
-async fn trail(client: &deadpool_postgres::Client, account: i64) -> Option<String> {
-    client
-        .query_opt(
-            "SELECT trail FROM trail_v1 WHERE account_id = $1",
-            &[&account],
-        )
-        .await
-        .expect("trail")
-        .map(|r| r.get(0))
 }
 
 async fn one(client: &deadpool_postgres::Client, sql: &str) -> i64 {
@@ -40,7 +19,7 @@ async fn one(client: &deadpool_postgres::Client, sql: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_retried_after_its_cause_is_fixed_is_applied_exactly_once() {
-    let (db, applier) = setup().await;
+    let (db, applier) = trail_db().await;
     let mut client = db.client().await;
     // qty 2000000 breaks the view's CHECK: seq 2 is dead-lettered, 3 and 4 wait behind it.
     let events = [f(1, 1, "1"), f(1, 2, "2000000"), f(1, 3, "3"), f(1, 4, "4")];
@@ -58,7 +37,7 @@ async fn a_dead_letter_retried_after_its_cause_is_fixed_is_applied_exactly_once(
         .await
         .expect("retry");
     assert_eq!(again, Disposition::DeadLettered);
-    assert_eq!(trail(&client, 1).await.as_deref(), Some("1"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1"));
     assert_eq!(
         one(
             &client,
@@ -83,7 +62,7 @@ async fn a_dead_letter_retried_after_its_cause_is_fixed_is_applied_exactly_once(
         .expect("retry");
     assert_eq!(done, Disposition::Applied);
     assert_eq!((counts.applied, counts.drained), (3, 2));
-    assert_eq!(trail(&client, 1).await.as_deref(), Some("1,2,3,4"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1,2,3,4"));
     let (resolution, by): (String, String) = client
         .query_one(
             "SELECT resolution, resolved_by FROM projector.dead_letters WHERE id = $1",
@@ -110,12 +89,12 @@ async fn a_dead_letter_retried_after_its_cause_is_fixed_is_applied_exactly_once(
         .await
         .expect("redelivery");
     assert_eq!(redelivered.dispositions, [(4, Disposition::Duplicate)]);
-    assert_eq!(trail(&client, 1).await.as_deref(), Some("1,2,3,4"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1,2,3,4"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_account_whose_lost_event_is_skipped_resumes_without_it() {
-    let (db, applier) = setup().await;
+    let (db, applier) = trail_db().await;
     let mut client = db.client().await;
     // Seq 3 of account 1 never reaches the log; 4 and 5 wait for it. Account 2 is untouched.
     let all = [

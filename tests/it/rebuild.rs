@@ -12,14 +12,13 @@
 //! just before the snapshot.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::kafka::{config, ends_of, publish, publish_raw, Raw};
-use crate::support::process::{run_output, Output, Projector};
-use crate::support::{fills, offsets, rows};
+use crate::support::process::{run_output, wait_until, Output, Projector};
+use crate::support::{eventually, fills, offsets, rows};
 use projector_devkit::devbroker::{read_topic, DevBroker};
 use projector_devkit::writeside::{LoadConfig, Order, RelayConfig, RelayExit, Side, WriteSide};
 use projector_engine::kafka::source::{run_view, NoObserver, Observer};
@@ -226,51 +225,6 @@ fn nothing_owned() -> BTreeMap<&'static str, i64> {
     .into_iter()
     .map(|t| (t, 0))
     .collect()
-}
-
-/// Polls until `done` holds for what `probe` reads; panics at the deadline. The interval is
-/// a sampling rate, not a guess at how long anything takes.
-async fn eventually<T: std::fmt::Debug, F: Future<Output = T>>(
-    what: &str,
-    mut probe: impl FnMut() -> F,
-    done: impl Fn(&T) -> bool,
-) -> T {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let seen = probe().await;
-        if done(&seen) {
-            return seen;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: last seen {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Like [`eventually`], for the tests that drive processes: panics with their logs.
-fn wait_until<T: std::fmt::Debug>(
-    what: &str,
-    processes: &mut [&mut Projector],
-    mut probe: impl FnMut() -> T,
-    done: impl Fn(&T) -> bool,
-) -> T {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let seen = probe();
-        if done(&seen) {
-            return seen;
-        }
-        if Instant::now() > deadline {
-            let logs: Vec<String> = processes.iter_mut().map(|p| p.log()).collect();
-            panic!(
-                "timed out waiting for {what}: last seen {seen:?}; logs:\n{}",
-                logs.join("\n---\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// `projector <command> [view] ... --database-url URL` with the Kafka flags when `bootstrap`

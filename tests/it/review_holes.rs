@@ -22,7 +22,7 @@
 
 use std::sync::Arc;
 
-use crate::support::Trail;
+use crate::support::{trail_db, trail_of};
 use projector_engine::testkit::{fill, EventSpec, Partition, TestDb};
 use projector_engine::{Applier, BatchOutcome, Disposition, Registry, SourceOrdering};
 
@@ -47,27 +47,8 @@ fn envelope(event_id: &str, event_type: &str, account: i64, seq: i64, data: &str
     format!("{},\"data\":{data}}}", &head[..head.len() - 1]).into_bytes()
 }
 
-async fn setup_trail() -> (TestDb, Applier) {
-    let registry = Registry::new().register(Trail::new(1)).expect("registry");
-    let db = TestDb::new(&registry).await;
-    let applier =
-        Applier::new(Arc::new(Trail::new(1)), SourceOrdering::PerAccount).expect("applier");
-    (db, applier)
-}
-
 fn kinds(outcome: &BatchOutcome) -> Vec<Disposition> {
     outcome.dispositions.iter().map(|(_, d)| *d).collect()
-}
-
-async fn trail(client: &deadpool_postgres::Client, account: i64) -> Option<String> {
-    client
-        .query_opt(
-            "SELECT trail FROM trail_v1 WHERE account_id = $1",
-            &[&account],
-        )
-        .await
-        .expect("trail")
-        .map(|r| r.get(0))
 }
 
 /// (kind, seq, error) of every dead letter of `trail_v1`, in offset order.
@@ -128,7 +109,7 @@ async fn progress(client: &deadpool_postgres::Client, account: i64) -> (i64, Opt
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 
 async fn hole_a_redelivery_after_a_cut_is_not_a_conflict() {
-    let (db, applier) = setup_trail().await;
+    let (db, applier) = trail_db().await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1")); // 0
@@ -163,7 +144,7 @@ async fn hole_a_redelivery_after_a_cut_is_not_a_conflict() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 
 async fn hole_a_second_event_for_last_seq_after_a_cut_is_dead_lettered() {
-    let (db, applier) = setup_trail().await;
+    let (db, applier) = trail_db().await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     // A new account: seq 1 applies, seq 2 fails; the progress row is (1, NULL).
@@ -206,7 +187,7 @@ async fn hole_a_second_event_for_last_seq_after_a_cut_is_dead_lettered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 
 async fn hole_b_an_event_waiting_where_a_stored_event_no_longer_decodes_is_kept() {
-    let (db, applier) = setup_trail().await;
+    let (db, applier) = trail_db().await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1")); // 0
@@ -250,7 +231,7 @@ async fn hole_b_an_event_waiting_where_a_stored_event_no_longer_decodes_is_kept(
         .apply(&mut client, &log.batch(3, 10))
         .await
         .expect("seq 2");
-    assert_eq!(trail(&client, 1).await.as_deref(), Some("1,2,3"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1,2,3"));
 }
 
 async fn parks(client: &deadpool_postgres::Client) -> Vec<(i64, String, i64)> {
@@ -307,7 +288,7 @@ async fn until_someone_waits_on_a_lock(observer: &deadpool_postgres::Client) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 
 async fn hole_c_a_writer_that_waited_for_the_account_sees_the_park_made_meanwhile() {
-    let (db, applier) = setup_trail().await;
+    let (db, applier) = trail_db().await;
     let applier = Arc::new(applier);
     let mut a = db.client().await;
     let mut p0 = Partition::new("fills", 0);
@@ -344,7 +325,7 @@ async fn hole_c_a_writer_that_waited_for_the_account_sees_the_park_made_meanwhil
     assert_eq!(kinds(&b), [Applied]);
     assert_eq!(
         (
-            trail(&observer, 1).await,
+            trail_of(&observer, 1).await,
             waiting(&observer, 1).await,
             parks(&observer).await
         ),
@@ -472,7 +453,7 @@ mod kafka {
 
 async fn hole_d_a_shutdown_finishes_while_a_full_worker_cannot_commit() {
     use kafka::*;
-    let (db, applier) = setup_trail().await;
+    let (db, applier) = trail_db().await;
     let applier = Arc::new(applier);
     let broker = DevBroker::start(1, &[("fills", 1)]).expect("broker");
     let bootstrap = broker.bootstrap_servers();
@@ -702,7 +683,7 @@ async fn hole_f_a_deferred_constraint_cannot_wedge_the_partition() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 
 async fn hole_h_a_correction_in_the_batch_of_the_event_it_corrects_releases_it() {
-    let (db, applier) = setup_trail().await;
+    let (db, applier) = trail_db().await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1")); // 0
@@ -715,7 +696,7 @@ async fn hole_h_a_correction_in_the_batch_of_the_event_it_corrects_releases_it()
         .expect("batch");
     assert_eq!(
         (
-            trail(&client, 1).await,
+            trail_of(&client, 1).await,
             parks(&client).await,
             kinds(&outcome)
         ),

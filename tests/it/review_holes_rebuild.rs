@@ -24,10 +24,10 @@
 //!    serialization failure, and the rebuild cancels itself: the pause is a cancel.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::support::fills;
 use crate::support::kafka::{config, publish};
+use crate::support::{fills, within};
 use projector_devkit::devbroker::DevBroker;
 use projector_engine::kafka::source::NoObserver;
 use projector_engine::kafka::supervisor::{run_live, LiveOptions};
@@ -43,27 +43,6 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 fn views() -> Registry {
     projector_views::registry().expect("the built-in views")
-}
-
-/// Polls `probe` until `done` holds; panics at `limit`. The interval is a sampling rate.
-async fn within<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
-    what: &str,
-    limit: Duration,
-    mut probe: impl FnMut() -> F,
-    done: impl Fn(&T) -> bool,
-) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        let seen = probe().await;
-        if done(&seen) {
-            return seen;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: last seen {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn scalar_i64(db: &TestDb, sql: &str) -> i64 {

@@ -5,6 +5,9 @@ pub mod kafka;
 pub mod process;
 pub mod proxy;
 
+use std::future::Future;
+use std::time::{Duration, Instant};
+
 use projector_engine::testkit::{fill, EventSpec};
 use projector_engine::{ApplySql, DedupMode, Projection};
 
@@ -303,4 +306,64 @@ pub async fn offsets(client: &deadpool_postgres::Client, consumer: &str) -> Offs
         o.drained += r.get::<_, i64>(7);
     }
     o
+}
+
+/// How long a test waits for a signal before it fails.
+pub const WAIT: Duration = Duration::from_secs(120);
+
+/// Polls until `done` holds for what `probe` reads; panics at `limit`. The interval is a
+/// sampling rate, not a guess at how long anything takes.
+pub async fn within<T: std::fmt::Debug, F: Future<Output = T>>(
+    what: &str,
+    limit: Duration,
+    mut probe: impl FnMut() -> F,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        let seen = probe().await;
+        if done(&seen) {
+            return seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: last seen {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// [`within`] the default [`WAIT`].
+pub async fn eventually<T: std::fmt::Debug, F: Future<Output = T>>(
+    what: &str,
+    probe: impl FnMut() -> F,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    within(what, WAIT, probe, done).await
+}
+
+/// A database with [`Trail`] v1 migrated, and its applier on an ordered source.
+pub async fn trail_db() -> (projector_engine::testkit::TestDb, projector_engine::Applier) {
+    let registry = projector_engine::Registry::new()
+        .register(Trail::new(1))
+        .expect("registry");
+    let db = projector_engine::testkit::TestDb::new(&registry).await;
+    let applier = projector_engine::Applier::new(
+        std::sync::Arc::new(Trail::new(1)),
+        projector_engine::SourceOrdering::PerAccount,
+    )
+    .expect("applier");
+    (db, applier)
+}
+
+/// The `seq`s [`Trail`] v1 applied for `account`, in order; `None` before its first.
+pub async fn trail_of(client: &deadpool_postgres::Client, account: i64) -> Option<String> {
+    client
+        .query_opt(
+            "SELECT trail FROM trail_v1 WHERE account_id = $1",
+            &[&account],
+        )
+        .await
+        .expect("trail")
+        .map(|r| r.get(0))
 }

@@ -190,3 +190,29 @@ pub fn run_output(args: &[&str]) -> Output {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// Polls until `done` holds for what `probe` reads, for the tests that drive processes;
+/// panics after [`super::WAIT`] with their logs. The interval is a sampling rate, not a
+/// guess at how long anything takes.
+pub fn wait_until<T: std::fmt::Debug>(
+    what: &str,
+    processes: &mut [&mut Projector],
+    mut probe: impl FnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + super::WAIT;
+    loop {
+        let seen = probe();
+        if done(&seen) {
+            return seen;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = processes.iter_mut().map(|p| p.log()).collect();
+            panic!(
+                "timed out waiting for {what}: last seen {seen:?}; logs:\n{}",
+                logs.join("\n---\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
