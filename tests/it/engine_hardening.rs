@@ -709,6 +709,50 @@ async fn one_event_id_twice_in_a_statement_is_applied_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_the_inbox_has_at_a_new_seq_is_skipped_and_the_rest_of_the_batch_applied() {
+    // The fast path inserts the inbox rows of events past each account's `seq` without
+    // `ON CONFLICT`: such events are new, unless a producer reused an id. A reused id fails
+    // that statement; the batch must end exactly as the `ON CONFLICT DO NOTHING` statement
+    // ends it: the reused id skipped as an inbox duplicate, every other event applied, no
+    // dead letter, no park.
+    let (db, applier) = setup(Trail::new(1)).await;
+    let mut client = db.client().await;
+    let mut log = Partition::new("fills", 0);
+    log.push_event(&f(1, 1, "1").with_id("shared")); // 0
+    applier_apply(&applier, &mut client, &log.batch(0, 10)).await;
+
+    log.push_event(&f(2, 1, "2")); // 1
+    log.push_event(&f(3, 1, "3")); // 2
+    log.push_event(&f(2, 2, "4").with_id("shared")); // 3: account 2's seq 2 reuses the id
+    log.push_event(&f(3, 2, "5")); // 4
+    log.push_event(&f(2, 3, "6")); // 5
+    let outcome = applier_apply(&applier, &mut client, &log.batch(1, 10)).await;
+    // An event the statement's inbox skips went to the statement: its disposition says
+    // Applied (its effect is in the view once), the counts say what the inbox did.
+    assert_eq!(kinds(&outcome), [Applied; 5]);
+    assert_eq!((outcome.counts.applied, outcome.counts.dup_inbox), (4, 1));
+    assert_counts_add_up(&outcome, 5);
+    assert!(dead_letters(&client, "trail_v1").await.is_empty());
+    assert_eq!(trail(&client, "trail_v1", 2).await.as_deref(), Some("1,3"));
+    assert_eq!(trail(&client, "trail_v1", 3).await.as_deref(), Some("1,2"));
+    let parked: i64 = client
+        .query_one("SELECT count(*) FROM projector.parked_accounts", &[])
+        .await
+        .expect("parked")
+        .get(0);
+    assert_eq!(parked, 0);
+
+    // The next batch of account 2 follows its seq 3: the skipped event's seq was taken.
+    log.push_event(&f(2, 4, "7")); // 6
+    let next = applier_apply(&applier, &mut client, &log.batch(6, 10)).await;
+    assert_eq!(kinds(&next), [Applied]);
+    assert_eq!(
+        trail(&client, "trail_v1", 2).await.as_deref(),
+        Some("1,3,4")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_event_for_a_taken_seq_is_a_conflict_not_a_duplicate() {
     let (db, applier) = setup(Trail::new(1)).await;
     let mut client = db.client().await;

@@ -47,7 +47,7 @@ use crate::queries;
 use bookkeeping::Advance;
 use plan::{AccountState, Decoded, StoredEvent, Work};
 
-pub use rounds::compose_statement;
+pub use rounds::{compose_statement, compose_statement_with, InboxGuard};
 pub use types::{ApplyError, Batch, BatchOutcome, Counts, Disposition};
 
 /// The most waiting events of one account a batch loads (and so drains): its work stays
@@ -101,6 +101,9 @@ pub struct Applier {
     ordered: bool,
     subscribes: HashSet<String>,
     statement: String,
+    /// The statement of the fast path when the plan knows every event it sends is new
+    /// ([`InboxGuard::Fail`]); `None`: the fast path runs `statement` too.
+    fresh_statement: Option<String>,
     metrics: ViewMetrics,
     /// Recorded on every offset this applier moves (`projector.offsets.committed_by`).
     owner: String,
@@ -136,8 +139,14 @@ impl Applier {
             (SourceOrdering::PerAccount, false) => Tracking::Watermark,
             (SourceOrdering::PerAccount, true) => Tracking::Seq,
         };
+        // Only an order-dependent view on an ordered source sends nothing but events past
+        // each account's locked `last_seq` (older ones are judged before, by seq and inbox
+        // lookups): new events, unless a producer reused an id, which the fallback handles.
+        let fresh_statement = (tracking == Tracking::Seq && projection.dedup().uses_inbox())
+            .then(|| compose_statement_with(&*projection, InboxGuard::Fail));
         Ok(Self {
             statement: compose_statement(&*projection),
+            fresh_statement,
             subscribes: projection
                 .subscribes()
                 .iter()
@@ -184,6 +193,11 @@ impl Applier {
         }
     }
 
+    /// The statement the fast path runs: the fresh-events one where the plan allows it.
+    pub(crate) fn fast_statement(&self) -> &str {
+        self.fresh_statement.as_deref().unwrap_or(&self.statement)
+    }
+
     /// Whether an event goes to the view's statement.
     fn sends(&self, event: &Event) -> bool {
         self.subscribes.contains(&event.event_type)
@@ -193,6 +207,10 @@ impl Applier {
     pub async fn prepare(&self, client: &Client) -> Result<(), ApplyError> {
         client
             .prepare_cached(&self.statement)
+            .await
+            .map_err(self.db("preparing the view statement"))?;
+        client
+            .prepare_cached(self.fast_statement())
             .await
             .map(drop)
             .map_err(self.db("preparing the view statement"))

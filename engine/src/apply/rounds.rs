@@ -25,9 +25,28 @@ use crate::queries;
 /// One event of a round: (account index, index into that account's emitted events).
 pub(crate) type Slot = (usize, usize);
 
+/// How a statement's inbox insert treats an id the inbox already has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboxGuard {
+    /// `ON CONFLICT DO NOTHING RETURNING`: the event is skipped, the others applied
+    /// ([`queries::INBOX_CTES`]). Always correct; the careful path and every view that cannot
+    /// know its events are new use it.
+    Skip,
+    /// A plain insert: the statement fails, nothing of it is applied
+    /// ([`queries::FRESH_INBOX_CTES`]). For events the plan knows are new; a failure falls
+    /// back to [`InboxGuard::Skip`].
+    Fail,
+}
+
 /// The full statement for a view: the engine's inbox-guarded prefix, the view's CTEs and its
 /// write, and a final count of events seen and rows written.
 pub fn compose_statement(projection: &dyn Projection) -> String {
+    compose_statement_with(projection, InboxGuard::Skip)
+}
+
+/// [`compose_statement`] with the given inbox guard (for a view with an inbox; a view
+/// deduplicated by its version filter alone has none, whatever `guard` says).
+pub fn compose_statement_with(projection: &dyn Projection, guard: InboxGuard) -> String {
     let sql = projection.apply_sql();
     let fields = projection.fields();
     let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
@@ -54,10 +73,10 @@ pub fn compose_statement(projection: &dyn Projection) -> String {
         arrays.join(", "),
         names.join(", ")
     );
-    s.push_str(if projection.dedup().uses_inbox() {
-        queries::INBOX_CTES
-    } else {
-        queries::NO_INBOX_CTES
+    s.push_str(match (projection.dedup().uses_inbox(), guard) {
+        (true, InboxGuard::Skip) => queries::INBOX_CTES,
+        (true, InboxGuard::Fail) => queries::FRESH_INBOX_CTES,
+        (false, _) => queries::NO_INBOX_CTES,
     });
     let ctes = sql.ctes.trim().trim_end_matches(',');
     if !ctes.is_empty() {
@@ -284,7 +303,7 @@ impl Applier {
                 tx.batch_execute(queries::ROLLBACK_BATCH_SAVEPOINT)
                     .await
                     .map_err(self.db("rolling back a savepoint"))?;
-                tracing::debug!(error = %first, "a statement failed; isolating the event at fault");
+                tracing::debug!(error = %first, "a statement failed (an event's content, or an id the inbox already has); replaying round by round with ON CONFLICT");
                 self.run_rounds_careful(tx, work).await?;
                 Ok(true)
             }
@@ -300,7 +319,7 @@ impl Applier {
         work: &Work<'_>,
         rounds: &[Vec<Slot>],
     ) -> Result<Vec<(i64, i64, i64)>, tokio_postgres::Error> {
-        let statement = tx.prepare_cached(&self.statement).await?;
+        let statement = tx.prepare_cached(self.fast_statement()).await?;
         // try_join! polls in order, and tokio-postgres sends a request when it is first
         // polled: the savepoint goes out before the rounds.
         let open = tx.batch_execute(queries::OPEN_BATCH_SAVEPOINT);
@@ -492,5 +511,18 @@ mod tests {
             "{s}"
         );
         assert!(!s.contains("jsonb"));
+        // The guard is in the statement either way: skipped by ON CONFLICT, or refused by
+        // the unique key of a plain insert.
+        assert!(
+            s.contains("ON CONFLICT DO NOTHING RETURNING event_id"),
+            "{s}"
+        );
+        let fresh = compose_statement_with(&V, InboxGuard::Fail);
+        assert!(fresh.contains("INSERT INTO projector.inbox"), "{fresh}");
+        assert!(!fresh.contains("ON CONFLICT"), "{fresh}");
+        assert_eq!(
+            fresh.replace(queries::FRESH_INBOX_CTES, queries::INBOX_CTES),
+            s
+        );
     }
 }
