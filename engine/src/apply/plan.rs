@@ -86,6 +86,9 @@ pub(crate) struct AccountWork {
     /// Indexes into `plan.emitted` of events whose statement failed, with the error. In an
     /// order-dependent view there is at most one: nothing after it is applied.
     pub failures: Vec<(usize, String)>,
+    /// The account's events in the batch, as indexes into `decoded`, in batch order: the
+    /// order of `plan.verdicts`. Kept so that nothing scans the whole batch per account.
+    pub incoming: Vec<usize>,
 }
 
 impl AccountWork {
@@ -265,11 +268,19 @@ impl<'b> Work<'b> {
                     self.dispositions[i] = Disposition::Applied;
                 }
             }
+            let incoming = events
+                .iter()
+                .filter_map(|&(_, item)| match item {
+                    Item::Batch(i) => Some(i),
+                    Item::Stored(_) => None,
+                })
+                .collect();
             self.accounts.push(AccountWork {
                 account_id,
                 initial,
                 plan,
                 failures: Vec::new(),
+                incoming,
             });
         }
     }
@@ -287,7 +298,7 @@ impl<'b> Work<'b> {
         }
         let mut ids = Vec::new();
         for acc in &self.accounts {
-            for i in taken_before(acc, self) {
+            for i in taken_before(acc) {
                 let Some(ev) = self.decoded[i].event() else {
                     continue;
                 };
@@ -307,13 +318,7 @@ impl<'b> Work<'b> {
         let mut conflicts = Vec::new();
         let mut duplicates = 0;
         for acc in &self.accounts {
-            let incoming = self
-                .decoded
-                .iter()
-                .enumerate()
-                .filter(|(_, d)| d.event().is_some_and(|e| e.account_id == acc.account_id))
-                .map(|(i, _)| i);
-            for (i, verdict) in incoming.zip(&acc.plan.verdicts) {
+            for (&i, verdict) in acc.incoming.iter().zip(&acc.plan.verdicts) {
                 let Verdict::Taken(holder) = *verdict else {
                     continue;
                 };
@@ -571,15 +576,12 @@ impl<'b> Work<'b> {
 }
 
 /// Batch messages of `acc` whose verdict is "taken before this batch".
-fn taken_before<'a>(acc: &'a AccountWork, work: &'a Work<'_>) -> impl Iterator<Item = usize> + 'a {
-    work.decoded
+fn taken_before(acc: &AccountWork) -> impl Iterator<Item = usize> + '_ {
+    acc.incoming
         .iter()
-        .enumerate()
-        .filter(move |(_, d)| d.event().is_some_and(|e| e.account_id == acc.account_id))
-        .map(|(i, _)| i)
         .zip(&acc.plan.verdicts)
         .filter(|(_, v)| **v == Verdict::Taken(None))
-        .map(|(i, _)| i)
+        .map(|(&i, _)| i)
 }
 
 #[cfg(test)]
