@@ -117,9 +117,10 @@ pub const ENVELOPE_COLUMNS: [&str; 6] = [
 pub struct ApplySql {
     /// Extra CTEs, comma separated, written after `ev` (may be empty).
     pub ctes: String,
-    /// The final data-modifying statement. It must end in `RETURNING` and return one row per
-    /// row written; with a version filter, one event writes one row, so the engine counts
-    /// events the filter dropped as `|ev| - |written|`.
+    /// The final statement: a data-modifying one ending in `RETURNING`, or a `SELECT` over
+    /// the `RETURNING` rows of data-modifying CTEs. It returns one row per row written; with
+    /// a version filter, one event writes one row, so the engine counts events the filter
+    /// dropped as `|ev| - |written|`.
     pub write: String,
 }
 

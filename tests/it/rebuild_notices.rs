@@ -156,3 +156,53 @@ fn projector_views_registry() -> Registry {
         .register(Portfolio::new(1))
         .expect("registry")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_carries_the_position_before_and_after_as_stored() {
+    // The position before the event is read as it was stored (its text keeps the stored
+    // scale), not recomputed from the position after it: 10 - 10.50 + 10.50 would read
+    // "10.00". A flip and a close, each in a round of its own, and a position opened by a
+    // first fill, which was flat before and announces nothing.
+    let registry = Registry::new()
+        .register(Portfolio::new(1))
+        .expect("registry");
+    let db = TestDb::new(&registry).await;
+    let mut client = db.client().await;
+    let v1 = Applier::new(Arc::new(Portfolio::new(1)), SourceOrdering::PerAccount).expect("v1");
+    let f = |seq, side, qty| fill(7, seq, AT, "EURUSD", side, qty, "1.5", "0");
+    let events = vec![f(1, "buy", "10"), f(2, "sell", "10.50"), f(3, "buy", "0.5")];
+    let log = Partition::from_events("fills", 0, &events);
+    consume(&v1, &mut client, &log, 3).await;
+    let rows: Vec<(String, i64, serde_json::Value)> = client
+        .query(
+            "SELECT kind, seq, payload FROM projector.notices ORDER BY seq",
+            &[],
+        )
+        .await
+        .expect("notices")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let expect = |kind: &str, seq: i64, before: &str, after: &str, pnl: &str| {
+        (
+            kind.to_owned(),
+            seq,
+            serde_json::json!({
+                "symbol": "EURUSD",
+                "net_qty_before": before,
+                "net_qty": after,
+                "realized_pnl": pnl,
+                "occurred_at": "2026-11-29T10:15:00+00:00",
+            }),
+        )
+    };
+    assert_eq!(
+        rows[0],
+        expect("position_flipped", 2, "10", "-0.50", "0.0000000000")
+    );
+    assert_eq!(
+        rows[1],
+        expect("position_closed", 3, "-0.50", "0.00", "0.000000000000")
+    );
+}

@@ -103,13 +103,13 @@ mod tests {
             .ddl()
             .contains("CREATE TABLE IF NOT EXISTS portfolio_v{v}"));
         let sql = view.apply_sql();
-        assert!(sql.write.ends_with("RETURNING account_id, symbol, version"));
+        assert!(sql
+            .write
+            .ends_with("SELECT account_id, symbol, version FROM pf_opened"));
         assert!(view
             .notices_sql()
             .is_some_and(|n| n.contains("WHERE ev.emit")));
-        assert!(sql
-            .write
-            .contains("WHERE portfolio_v{v}.version < EXCLUDED.version"));
+        assert!(sql.ctes.contains("AND pv.version < t.seq"));
         assert!(sql.ctes.trim_end().ends_with(')'));
         assert!(view.read_sql().starts_with("SELECT"));
         assert!(view
