@@ -29,6 +29,7 @@ mod ops_repairs;
 mod ops_status;
 mod rebuild;
 mod rebuild_notices;
+mod review_fast_inbox;
 mod review_holes;
 mod review_holes_rebuild;
 mod support;

@@ -195,6 +195,15 @@ pub(crate) fn is_event_error(e: &tokio_postgres::Error) -> bool {
         || code == &SqlState::CARDINALITY_VIOLATION
 }
 
+/// A unique violation of the inbox's key: the known-new statement met an id the inbox has.
+fn is_inbox_conflict(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        db.code() == &SqlState::UNIQUE_VIOLATION
+            && db.schema() == Some("projector")
+            && db.table() == Some("inbox")
+    })
+}
+
 pub(crate) fn describe_db_error(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => {
@@ -292,37 +301,65 @@ impl Applier {
         // The fast path's savepoint is opened in the same pipeline as the rounds and released
         // in the same pipeline as the bookkeeping: two round trips fewer per batch than
         // awaiting each, which matters most for the small batches of a live stream.
-        match self.run_rounds_pipelined(tx, work, &rounds).await {
+        let mut result = self
+            .run_rounds_pipelined(tx, work, &rounds, self.fast_statement(), true)
+            .await;
+        if let Err(first) = &result {
+            tx.batch_execute(queries::ROLLBACK_BATCH_SAVEPOINT)
+                .await
+                .map_err(self.db("rolling back a savepoint"))?;
+            // An id the inbox already has (a producer reused it) failed the known-new
+            // statement: the same rounds again, pipelined, with the statement that skips it.
+            // Only a failure of that one takes the careful path, whose cost grows with the
+            // rounds (a savepoint and a round trip each).
+            if self.fresh_statement.is_some() && is_inbox_conflict(first) {
+                tracing::debug!(error = %first, "an id the inbox already has; the rounds again with ON CONFLICT");
+                result = self
+                    .run_rounds_pipelined(tx, work, &rounds, &self.statement, false)
+                    .await;
+                if result.is_err() {
+                    tx.batch_execute(queries::ROLLBACK_BATCH_SAVEPOINT)
+                        .await
+                        .map_err(self.db("rolling back a savepoint"))?;
+                }
+            }
+        }
+        match result {
             Ok(results) => {
                 for (round, result) in rounds.iter().zip(results) {
                     self.count_statement(&mut work.counts, round.len(), result);
                 }
-                Ok(true)
             }
             Err(first) => {
-                tx.batch_execute(queries::ROLLBACK_BATCH_SAVEPOINT)
-                    .await
-                    .map_err(self.db("rolling back a savepoint"))?;
-                tracing::debug!(error = %first, "a statement failed (an event's content, or an id the inbox already has); replaying round by round with ON CONFLICT");
+                tracing::debug!(error = %first, "a statement failed; isolating the event at fault");
                 self.run_rounds_careful(tx, work).await?;
-                Ok(true)
             }
         }
+        Ok(true)
     }
 
-    /// The fast path: the savepoint and every round's statement sent at once on the
-    /// connection. PostgreSQL runs them in order; the first failure aborts the savepoint and
-    /// the rest. The caller releases the savepoint (or rolls back to it).
+    /// The fast path: the savepoint (when `open`; a retry runs inside the one rolled back
+    /// to) and every round's `statement` sent at once on the connection. PostgreSQL runs
+    /// them in order; the first failure aborts the savepoint and the rest. The caller
+    /// releases the savepoint (or rolls back to it).
     async fn run_rounds_pipelined(
         &self,
         tx: &Transaction<'_>,
         work: &Work<'_>,
         rounds: &[Vec<Slot>],
+        statement: &str,
+        open: bool,
     ) -> Result<Vec<(i64, i64, i64)>, tokio_postgres::Error> {
-        let statement = tx.prepare_cached(self.fast_statement()).await?;
+        let statement = tx.prepare_cached(statement).await?;
         // try_join! polls in order, and tokio-postgres sends a request when it is first
         // polled: the savepoint goes out before the rounds.
-        let open = tx.batch_execute(queries::OPEN_BATCH_SAVEPOINT);
+        let open = async {
+            if open {
+                tx.batch_execute(queries::OPEN_BATCH_SAVEPOINT).await
+            } else {
+                Ok(())
+            }
+        };
         let rounds = try_join_all(
             rounds
                 .iter()
