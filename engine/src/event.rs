@@ -339,12 +339,20 @@ pub fn extract_fields(
     if fields.iter().all(|f| *f == Field::Data) {
         return Ok(fields.iter().map(|_| FieldValue::Data).collect());
     }
-    let map: std::collections::HashMap<String, &RawValue> = serde_json::from_str(&event.data)
+    let names: Vec<&str> = fields.iter().map(|f| f.column()).collect();
+    let mut de = serde_json::Deserializer::from_str(&event.data);
+    let found = Members { names: &names }
+        .deserialize(&mut de)
+        .and_then(|found| de.end().map(|()| found))
         .map_err(|e| DecodeError::Envelope(format!("data: {e}")))?;
     fields
         .iter()
         .map(|f| {
-            let raw = map.get(f.column()).filter(|r| r.get() != "null");
+            let raw = names
+                .iter()
+                .position(|n| *n == f.column())
+                .and_then(|i| found[i])
+                .filter(|r| r.get() != "null");
             Ok(match *f {
                 Field::Data => FieldValue::Data,
                 Field::Text(name) => FieldValue::Text(match raw {
@@ -365,6 +373,73 @@ pub fn extract_fields(
             })
         })
         .collect()
+}
+
+/// The raw values of the top-level members of a JSON object named in `names` (`None`: absent),
+/// in one pass without building a map of every member: the last of a repeated name wins,
+/// as it would in a map.
+struct Members<'n> {
+    names: &'n [&'n str],
+}
+
+impl<'de> DeserializeSeed<'de> for Members<'_> {
+    type Value = Vec<Option<&'de RawValue>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Members<'_> {
+    type Value = Vec<Option<&'de RawValue>>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = vec![None; self.names.len()];
+        while let Some(key) = map.next_key_seed(MemberName)? {
+            match self.names.iter().position(|n| *n == key.as_ref()) {
+                Some(i) => found[i] = Some(map.next_value::<&'de RawValue>()?),
+                None => {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// A member name, borrowed from the input unless it holds an escape.
+struct MemberName;
+
+impl<'de> DeserializeSeed<'de> for MemberName {
+    type Value = std::borrow::Cow<'de, str>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MemberName {
+    type Value = std::borrow::Cow<'de, str>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(std::borrow::Cow::Borrowed(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(std::borrow::Cow::Owned(v.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(std::borrow::Cow::Owned(v))
+    }
 }
 
 /// What a poison message's envelope still yields, for the dead-letter row: an operator must
@@ -690,6 +765,90 @@ impl<'de> Visitor<'de> for Storable {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn declared_fields_are_read_as_a_map_would_read_them() {
+        use crate::projection::Field;
+        let fields = [
+            Field::Text("symbol"),
+            Field::Decimal("qty"),
+            Field::Text("note"),
+            Field::Data,
+        ];
+        let event = |data: &str| Event {
+            event_id: "e".to_owned(),
+            event_type: "custom".to_owned(),
+            account_id: 1,
+            seq: 1,
+            occurred_at: Utc::now(),
+            data: data.to_owned(),
+        };
+        let text = |s: &str| FieldValue::Text(Some(s.to_owned()));
+        let cases: [(&str, Vec<FieldValue>); 5] = [
+            (
+                r#"{"qty": "1.50", "x": {"symbol": "no"}, "symbol": "EURUSD"}"#,
+                vec![
+                    text("EURUSD"),
+                    FieldValue::Decimal(Some(Decimal::new(150, 2))),
+                    FieldValue::Text(None),
+                    FieldValue::Data,
+                ],
+            ),
+            // A repeated name: the last wins, as in a map.
+            (
+                r#"{"symbol": "A", "symbol": "B", "note": null}"#,
+                vec![
+                    text("B"),
+                    FieldValue::Decimal(None),
+                    FieldValue::Text(None),
+                    FieldValue::Data,
+                ],
+            ),
+            // An escaped name is the name it spells.
+            (
+                r#"{"sym\u0062ol": "C", "note": "n\"q"}"#,
+                vec![
+                    text("C"),
+                    FieldValue::Decimal(None),
+                    text("n\"q"),
+                    FieldValue::Data,
+                ],
+            ),
+            (
+                r#"{}"#,
+                vec![
+                    FieldValue::Text(None),
+                    FieldValue::Decimal(None),
+                    FieldValue::Text(None),
+                    FieldValue::Data,
+                ],
+            ),
+            (
+                r#"{"a": [1, {"b": 2}], "qty": 3}"#,
+                vec![
+                    FieldValue::Text(None),
+                    FieldValue::Decimal(Some(Decimal::new(3, 0))),
+                    FieldValue::Text(None),
+                    FieldValue::Data,
+                ],
+            ),
+        ];
+        for (data, expected) in cases {
+            assert_eq!(
+                extract_fields(&event(data), &fields).expect(data),
+                expected,
+                "{data}"
+            );
+        }
+        for bad in [
+            r#"{"symbol": 1}"#,
+            r#"{"qty": "x"}"#,
+            r#"[1]"#,
+            r#"{"a": 1} x"#,
+        ] {
+            assert!(extract_fields(&event(bad), &fields).is_err(), "{bad}");
+        }
+    }
+
     use super::*;
 
     fn msg(payload: &str) -> Message {
