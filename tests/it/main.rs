@@ -32,6 +32,7 @@ mod rebuild_notices;
 mod review_fast_inbox;
 mod review_holes;
 mod review_holes_rebuild;
+mod review_round2;
 mod support;
 mod views_conformance;
 mod views_golden;
