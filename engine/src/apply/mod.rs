@@ -99,7 +99,9 @@ pub struct Applier {
     tracking: Tracking,
     /// True for an order-dependent view: rounds, and nothing after an account's failed event.
     ordered: bool,
-    subscribes: HashSet<String>,
+    /// A handful of types: compared one by one, cheaper than hashing each event's type
+    /// (asked several times per event).
+    subscribes: Vec<String>,
     statement: String,
     /// The statement of the fast path when the plan knows every event it sends is new
     /// ([`InboxGuard::Fail`]); `None`: the fast path runs `statement` too.
