@@ -347,12 +347,9 @@ pub fn extract_fields(
         .map_err(|e| DecodeError::Envelope(format!("data: {e}")))?;
     fields
         .iter()
-        .map(|f| {
-            let raw = names
-                .iter()
-                .position(|n| *n == f.column())
-                .and_then(|i| found[i])
-                .filter(|r| r.get() != "null");
+        .zip(found)
+        .map(|(f, raw)| {
+            let raw = raw.filter(|r| r.get() != "null");
             Ok(match *f {
                 Field::Data => FieldValue::Data,
                 Field::Text(name) => FieldValue::Text(match raw {
@@ -375,9 +372,9 @@ pub fn extract_fields(
         .collect()
 }
 
-/// The raw values of the top-level members of a JSON object named in `names` (`None`: absent),
-/// in one pass without building a map of every member: the last of a repeated name wins,
-/// as it would in a map.
+/// The raw value of the top-level member of a JSON object named by each of `names` (`None`:
+/// absent), in one pass without building a map of every member: the last of a repeated
+/// member wins, as it would in a map.
 struct Members<'n> {
     names: &'n [&'n str],
 }
@@ -400,11 +397,15 @@ impl<'de> Visitor<'de> for Members<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut found = vec![None; self.names.len()];
         while let Some(key) = map.next_key_seed(MemberName)? {
-            match self.names.iter().position(|n| *n == key.as_ref()) {
-                Some(i) => found[i] = Some(map.next_value::<&'de RawValue>()?),
-                None => {
-                    map.next_value::<de::IgnoredAny>()?;
+            if self.names.contains(&key.as_ref()) {
+                let value = map.next_value::<&'de RawValue>()?;
+                for (name, slot) in self.names.iter().zip(&mut found) {
+                    if *name == key.as_ref() {
+                        *slot = Some(value);
+                    }
                 }
+            } else {
+                map.next_value::<de::IgnoredAny>()?;
             }
         }
         Ok(found)
