@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::support::{rows, Trail};
+use crate::support::{applier_db, kinds, rows, Trail};
 use projector_engine::testkit::{cash, fill, EventSpec, Partition, TestDb};
 use projector_engine::{
     Applier, Batch, BatchOutcome, Disposition, Projection, Registry, SourceOrdering,
@@ -37,17 +37,6 @@ fn envelope(
 
 fn key(account: i64) -> Option<Vec<u8>> {
     Some(account.to_string().into_bytes())
-}
-
-async fn setup(view: impl Projection + Clone) -> (TestDb, Applier) {
-    let registry = Registry::new().register(view.clone()).expect("registry");
-    let db = TestDb::new(&registry).await;
-    let applier = Applier::new(Arc::new(view), SourceOrdering::PerAccount).expect("applier");
-    (db, applier)
-}
-
-fn kinds(outcome: &BatchOutcome) -> Vec<Disposition> {
-    outcome.dispositions.iter().map(|(_, d)| *d).collect()
 }
 
 /// Every message counted once, waiting events twice (when they start and stop waiting).
@@ -125,7 +114,7 @@ async fn parks(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn content_postgresql_cannot_store_is_dead_lettered_in_the_batch_that_meets_it() {
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let fill_data = |symbol: &str, qty: &str| {
         format!(r#"{{"symbol":"{symbol}","side":"buy","qty":{qty},"price":"1"}}"#)
@@ -322,7 +311,7 @@ impl Projection for Notes {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_errors_caused_by_one_event_dead_letter_it_and_park_its_account() {
-    let (db, applier) = setup(Notes).await;
+    let (db, applier) = applier_db(Notes).await;
     let mut client = db.client().await;
     let note = |account: i64, seq: i64, text: &str, n: &str| {
         envelope(
@@ -374,7 +363,7 @@ async fn database_errors_caused_by_one_event_dead_letter_it_and_park_its_account
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_type_a_view_does_not_read_cannot_block_it() {
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1"));
@@ -446,7 +435,7 @@ async fn applier_apply(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_park_says_whether_it_waits_for_a_lost_event_or_a_dead_letter() {
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1"));
@@ -521,7 +510,7 @@ async fn a_park_says_whether_it_waits_for_a_lost_event_or_a_dead_letter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_writers_of_one_account_take_turns_and_leave_no_stale_park() {
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let applier = Arc::new(applier);
     let mut a = db.client().await;
     // After a partition-count change account 1's events arrive through two partitions.
@@ -580,7 +569,7 @@ async fn two_writers_of_one_account_take_turns_and_leave_no_stale_park() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_park_drains_when_its_account_comes_back() {
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     for seq in 1..=4 {
@@ -625,7 +614,7 @@ async fn a_stale_park_drains_when_its_account_comes_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_event_that_no_longer_decodes_is_dead_lettered_when_it_drains() {
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1"));
@@ -698,7 +687,7 @@ async fn one_event_id_twice_in_a_statement_is_applied_once() {
     assert_eq!(fills, 2);
 
     // Order-dependent: one id at two seqs of one account, in one batch.
-    let (db, trail_view) = setup(Trail::new(1)).await;
+    let (db, trail_view) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1").with_id("again"));
@@ -715,7 +704,7 @@ async fn an_id_the_inbox_has_at_a_new_seq_is_skipped_and_the_rest_of_the_batch_a
     // that statement; the batch must end exactly as the `ON CONFLICT DO NOTHING` statement
     // ends it: the reused id skipped as an inbox duplicate, every other event applied, no
     // dead letter, no park.
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1").with_id("shared")); // 0
@@ -754,7 +743,7 @@ async fn an_id_the_inbox_has_at_a_new_seq_is_skipped_and_the_rest_of_the_batch_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_event_for_a_taken_seq_is_a_conflict_not_a_duplicate() {
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1").with_id("first"));
@@ -795,7 +784,7 @@ async fn a_second_event_for_a_taken_seq_is_a_conflict_not_a_duplicate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_correction_of_a_waiting_event_that_fails_as_it_drains_releases_the_account() {
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1")); // 0

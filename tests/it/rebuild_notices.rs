@@ -163,12 +163,8 @@ async fn a_notice_carries_the_position_before_and_after_as_stored() {
     // scale), not recomputed from the position after it: 10 - 10.50 + 10.50 would read
     // "10.00". A flip and a close, each in a round of its own, and a position opened by a
     // first fill, which was flat before and announces nothing.
-    let registry = Registry::new()
-        .register(Portfolio::new(1))
-        .expect("registry");
-    let db = TestDb::new(&registry).await;
+    let (db, v1) = crate::support::applier_db(Portfolio::new(1)).await;
     let mut client = db.client().await;
-    let v1 = Applier::new(Arc::new(Portfolio::new(1)), SourceOrdering::PerAccount).expect("v1");
     let f = |seq, side, qty| fill(7, seq, AT, "EURUSD", side, qty, "1.5", "0");
     let events = vec![f(1, "buy", "10"), f(2, "sell", "10.50"), f(3, "buy", "0.5")];
     let log = Partition::from_events("fills", 0, &events);

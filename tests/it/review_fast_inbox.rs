@@ -13,11 +13,9 @@
 
 use std::sync::Arc;
 
-use crate::support::{eventually, offsets, Tally, Trail};
-use projector_engine::testkit::{cash, fill, EventSpec, Partition, TestDb};
-use projector_engine::{
-    Applier, Batch, BatchOutcome, DedupMode, Disposition, Projection, Registry, SourceOrdering,
-};
+use crate::support::{applier_db, eventually, kinds, offsets, trail_of, Tally, Trail};
+use projector_engine::testkit::{cash, fill, EventSpec, Partition};
+use projector_engine::{Applier, Batch, BatchOutcome, DedupMode, Disposition};
 
 use Disposition::*;
 
@@ -28,34 +26,12 @@ fn f(account: i64, seq: i64, qty: &str) -> EventSpec {
     fill(account, seq, AT, "EURUSD", "buy", qty, "1.5", "0")
 }
 
-async fn setup(view: impl Projection + Clone) -> (TestDb, Applier) {
-    let registry = Registry::new().register(view.clone()).expect("registry");
-    let db = TestDb::new(&registry).await;
-    let applier = Applier::new(Arc::new(view), SourceOrdering::PerAccount).expect("applier");
-    (db, applier)
-}
-
 async fn apply(
     applier: &Applier,
     client: &mut deadpool_postgres::Client,
     b: &Batch,
 ) -> BatchOutcome {
     applier.apply(client, b).await.expect("batch")
-}
-
-fn kinds(outcome: &BatchOutcome) -> Vec<Disposition> {
-    outcome.dispositions.iter().map(|(_, d)| *d).collect()
-}
-
-async fn trail(client: &deadpool_postgres::Client, view: &str, account: i64) -> Option<String> {
-    client
-        .query_opt(
-            &format!("SELECT trail FROM {view} WHERE account_id = $1"),
-            &[&account],
-        )
-        .await
-        .expect("trail")
-        .map(|r| r.get(0))
 }
 
 async fn one(client: &deadpool_postgres::Client, sql: &str) -> i64 {
@@ -113,7 +89,7 @@ async fn assert_offsets_add_up(client: &deadpool_postgres::Client, consumer: &st
 async fn fast_inbox_a_drained_waiting_event_with_a_reused_id_is_skipped_and_unparks() {
     // The waiting event was stored before its id reached the inbox; it drains past
     // last_seq, so the fast statement gets it, fails, and the careful path skips it.
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(2, 2, "1").with_id("shared")); // 0: waits for account 2's seq 1
@@ -128,8 +104,8 @@ async fn fast_inbox_a_drained_waiting_event_with_a_reused_id_is_skipped_and_unpa
     assert_eq!(kinds(&second), [Applied, Applied]);
     assert_eq!(second.counts.dup_inbox, 1, "{:?}", second.counts);
     assert_eq!(second.counts.drained, 2, "{:?}", second.counts);
-    assert_eq!(trail(&client, TRAIL, 1).await.as_deref(), Some("1"));
-    assert_eq!(trail(&client, TRAIL, 2).await.as_deref(), Some("1,3"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1"));
+    assert_eq!(trail_of(&client, 2).await.as_deref(), Some("1,3"));
     assert!(parked(&client).await.is_empty());
     assert!(open_dead_letters(&client).await.is_empty());
     assert_eq!(last_seq(&client, 2).await, 3);
@@ -144,7 +120,7 @@ async fn fast_inbox_a_drained_waiting_event_with_a_reused_id_is_skipped_and_unpa
 async fn fast_inbox_retrying_a_dead_letter_whose_id_the_inbox_has_resolves_it() {
     // A repair goes through `execute` too: its 23505 must fall back, not fail the repair
     // or leave the dead letter open with a "duplicate key" error.
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1000000").with_id("x")); // 0: CHECK fails: dead-lettered
@@ -165,14 +141,14 @@ async fn fast_inbox_retrying_a_dead_letter_whose_id_the_inbox_has_resolves_it() 
     assert_eq!((counts.dup_inbox, counts.drained), (1, 1), "{counts:?}");
     assert!(open_dead_letters(&client).await.is_empty());
     assert!(parked(&client).await.is_empty());
-    assert_eq!(trail(&client, TRAIL, 1).await.as_deref(), Some("2"));
-    assert_eq!(trail(&client, TRAIL, 2).await.as_deref(), Some("1"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("2"));
+    assert_eq!(trail_of(&client, 2).await.as_deref(), Some("1"));
     assert_eq!(last_seq(&client, 1).await, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_inbox_skip_and_drain_apply_around_a_reused_id() {
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1").with_id("shared")); // 0
@@ -193,7 +169,7 @@ async fn fast_inbox_skip_and_drain_apply_around_a_reused_id() {
         (1, 1, 2),
         "{counts:?}"
     );
-    assert_eq!(trail(&client, TRAIL, 2).await.as_deref(), Some("3"));
+    assert_eq!(trail_of(&client, 2).await.as_deref(), Some("3"));
 
     // drain_account on a park made stale by hand (seq 1 applied by someone else).
     client
@@ -211,7 +187,7 @@ async fn fast_inbox_skip_and_drain_apply_around_a_reused_id() {
         (1, 1, 2),
         "{counts:?}"
     );
-    assert_eq!(trail(&client, TRAIL, 3).await.as_deref(), Some("3"));
+    assert_eq!(trail_of(&client, 3).await.as_deref(), Some("3"));
     assert!(parked(&client).await.is_empty());
     assert!(open_dead_letters(&client).await.is_empty());
     assert_eq!(
@@ -225,7 +201,7 @@ async fn fast_inbox_a_reused_id_beside_a_failure_and_its_correction_splits_as_be
     // Fast path fails (reused id, or the content error: either), careful path dead-letters
     // the bad event and skips the reused id, the correction makes a split, the passes after
     // it run the fast statement again.
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1").with_id("shared")); // 0
@@ -247,8 +223,8 @@ async fn fast_inbox_a_reused_id_beside_a_failure_and_its_correction_splits_as_be
         "{:?}",
         out.counts
     );
-    assert_eq!(trail(&client, TRAIL, 2).await.as_deref(), Some("1,2"));
-    assert_eq!(trail(&client, TRAIL, 3).await.as_deref(), Some("2"));
+    assert_eq!(trail_of(&client, 2).await.as_deref(), Some("1,2"));
+    assert_eq!(trail_of(&client, 3).await.as_deref(), Some("2"));
     assert!(parked(&client).await.is_empty());
     assert_offsets_add_up(&client, TRAIL, 6).await;
 }
@@ -259,7 +235,7 @@ async fn fast_inbox_concurrent_writers_reusing_an_id_apply_it_once() {
     // insert meets its row: B waits (as ON CONFLICT waits), then falls back and skips it;
     // if A rolls back instead, B applies it.
     for a_commits in [true, false] {
-        let (db, applier) = setup(Trail::new(1)).await;
+        let (db, applier) = applier_db(Trail::new(1)).await;
         let applier = Arc::new(applier);
         let mut a = db.client().await;
         let mut p0 = Partition::new("fills", 0);
@@ -304,7 +280,7 @@ async fn fast_inbox_concurrent_writers_reusing_an_id_apply_it_once() {
         assert_eq!(kinds(&b), [Applied, Applied, Applied]);
         assert_eq!(b.counts.dup_inbox, u64::from(a_commits), "{:?}", b.counts);
         assert_eq!(
-            trail(&observer, TRAIL, 2).await.as_deref(),
+            trail_of(&observer, 2).await.as_deref(),
             Some(if a_commits { "1,3" } else { "1,2,3" })
         );
         assert!(open_dead_letters(&observer).await.is_empty());
@@ -323,7 +299,7 @@ async fn fast_inbox_concurrent_writers_reusing_an_id_apply_it_once() {
 async fn fast_inbox_an_id_twice_in_one_batch_never_reaches_the_fresh_statement_twice() {
     // Same id at two seqs of one account (two rounds) and in another account's round 1:
     // `mark_repeated_ids` keeps the repeats out, so the fast statement does not fail.
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&f(1, 1, "1").with_id("twice"));
@@ -338,8 +314,8 @@ async fn fast_inbox_an_id_twice_in_one_batch_never_reaches_the_fresh_statement_t
         "{:?}",
         out.counts
     );
-    assert_eq!(trail(&client, TRAIL, 1).await.as_deref(), Some("1,3"));
-    assert_eq!(trail(&client, TRAIL, 2).await, None);
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1,3"));
+    assert_eq!(trail_of(&client, 2).await, None);
     assert_eq!(last_seq(&client, 2).await, 1);
     assert_offsets_add_up(&client, TRAIL, 4).await;
 }
@@ -348,7 +324,7 @@ async fn fast_inbox_an_id_twice_in_one_batch_never_reaches_the_fresh_statement_t
 async fn fast_inbox_an_id_first_carried_by_an_ignored_type_is_applied() {
     // An event of a type the view does not read leaves no inbox row: the fill that reuses
     // its id is new to the inbox and goes through the fast statement.
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
     log.push_event(&cash(1, 1, AT, "5", "deposit").with_id("u"));
@@ -356,7 +332,7 @@ async fn fast_inbox_an_id_first_carried_by_an_ignored_type_is_applied() {
     log.push_event(&f(2, 1, "1").with_id("u"));
     let out = apply(&applier, &mut client, &log.batch(0, 10)).await;
     assert_eq!(kinds(&out), [Ignored, Applied, Duplicate]);
-    assert_eq!(trail(&client, TRAIL, 1).await.as_deref(), Some("2"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("2"));
     assert_offsets_add_up(&client, TRAIL, 3).await;
 }
 
@@ -367,7 +343,7 @@ async fn fast_inbox_views_without_the_fresh_statement_are_unchanged() {
         version: 1,
         dedup: DedupMode::VersionFilter,
     };
-    let (db, applier) = setup(view).await;
+    let (db, applier) = applier_db(view).await;
     assert!(!applier.statement().contains("projector.inbox"));
     let mut client = db.client().await;
     let mut log = Partition::new("fills", 0);
@@ -378,10 +354,10 @@ async fn fast_inbox_views_without_the_fresh_statement_are_unchanged() {
     log.push_event(&f(1, 3, "1").with_id("shared"));
     let out = apply(&applier, &mut client, &log.batch(2, 10)).await;
     assert_eq!(kinds(&out), [Applied]);
-    assert_eq!(trail(&client, TRAIL, 1).await.as_deref(), Some("1,3"));
+    assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1,3"));
 
     // Order-independent (eod-like): the ON CONFLICT statement, a reused id skipped.
-    let (db, applier) = setup(Tally::new(1)).await;
+    let (db, applier) = applier_db(Tally::new(1)).await;
     assert!(applier
         .statement()
         .contains("ON CONFLICT DO NOTHING RETURNING event_id"));
@@ -409,7 +385,7 @@ async fn fast_inbox_one_reused_id_behind_a_thousand_rounds_is_skipped_and_the_re
     // A reused id fails the known-new statement; the same rounds run again pipelined with
     // the ON CONFLICT statement (not round by round under savepoints, whose cost grows with
     // the rounds: here a round per event of one busy account). The outcome is what counts.
-    let (db, applier) = setup(Trail::new(1)).await;
+    let (db, applier) = applier_db(Trail::new(1)).await;
     let mut client = db.client().await;
     let n = 1000;
     let mut log = Partition::new("fills", 0);
@@ -424,6 +400,6 @@ async fn fast_inbox_one_reused_id_behind_a_thousand_rounds_is_skipped_and_the_re
         (out.counts.applied, out.counts.dup_inbox),
         (n as u64 - 1, 1)
     );
-    let trail = trail(&client, TRAIL, 1).await.expect("account 1");
+    let trail = trail_of(&client, 1).await.expect("account 1");
     assert_eq!(trail.split(',').count(), n as usize - 1);
 }

@@ -22,9 +22,9 @@
 
 use std::sync::Arc;
 
-use crate::support::{trail_db, trail_of};
+use crate::support::{kinds, trail_db, trail_of};
 use projector_engine::testkit::{fill, EventSpec, Partition, TestDb};
-use projector_engine::{Applier, BatchOutcome, Disposition, Registry, SourceOrdering};
+use projector_engine::{Applier, Disposition, Registry, SourceOrdering};
 
 use Disposition::*;
 
@@ -45,10 +45,6 @@ fn envelope(event_id: &str, event_type: &str, account: i64, seq: i64, data: &str
     })
     .to_string();
     format!("{},\"data\":{data}}}", &head[..head.len() - 1]).into_bytes()
-}
-
-fn kinds(outcome: &BatchOutcome) -> Vec<Disposition> {
-    outcome.dispositions.iter().map(|(_, d)| *d).collect()
 }
 
 /// (kind, seq, error) of every dead letter of `trail_v1`, in offset order.

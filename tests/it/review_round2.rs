@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use crate::support::{offsets, rows, trail_of};
-use projector_engine::event::{FILL_BUSTED, FILL_EXECUTED};
+use projector_engine::event::FILL_EXECUTED;
 use projector_engine::projection::named_sql;
 use projector_engine::testkit::{bust, consume, fill, EventSpec, Lcg, Partition, TestDb};
 use projector_engine::{
@@ -32,7 +32,7 @@ const PF: &str = "portfolio_v1";
 /// The portfolio view with the SQL of b233fcb's parent: LEFT JOIN for the position before
 /// the event, one upsert with `WHERE version < EXCLUDED.version`.
 #[derive(Debug, Clone, Copy)]
-struct OldPortfolio;
+struct OldPortfolio(Portfolio);
 
 fn old(section: &str) -> String {
     named_sql(OLD_PORTFOLIO_SQL, section)
@@ -40,32 +40,28 @@ fn old(section: &str) -> String {
         .to_owned()
 }
 
+/// Everything but the SQL is today's portfolio's: only the statements are compared.
 impl Projection for OldPortfolio {
     fn name(&self) -> &str {
-        "portfolio"
+        self.0.name()
     }
     fn version(&self) -> i32 {
-        1
+        self.0.version()
     }
     fn subscribes(&self) -> &[&str] {
-        &[FILL_EXECUTED, FILL_BUSTED]
+        self.0.subscribes()
     }
     fn dedup(&self) -> DedupMode {
-        DedupMode::Both
+        self.0.dedup()
     }
     fn fields(&self) -> Vec<Field> {
-        vec![
-            Field::Text("symbol"),
-            Field::Text("side"),
-            Field::Decimal("qty"),
-            Field::Decimal("price"),
-        ]
+        self.0.fields()
     }
     fn ddl(&self) -> String {
         old("ddl")
     }
     fn tables(&self) -> Vec<String> {
-        vec!["portfolio_v{v}".to_owned()]
+        self.0.tables()
     }
     fn apply_sql(&self) -> ApplySql {
         ApplySql {
@@ -237,7 +233,7 @@ const FORGET: &str = "DELETE FROM projector.inbox WHERE consumer = 'portfolio_v1
 async fn review2_portfolio_update_insert_equals_the_old_upsert_under_replays_and_reused_ids() {
     for seed in [7_u64, 4242, 99] {
         let mut new = side(Portfolio::new(1)).await;
-        let mut old = side(OldPortfolio).await;
+        let mut old = side(OldPortfolio(Portfolio::new(1))).await;
         let mut rng = Lcg(seed);
         let accounts: Vec<Vec<EventSpec>> = (1..=6).map(|a| trades(&mut rng, a, 1, 30)).collect();
         // Two reused ids: a producer gives a later event of another account an id the inbox
@@ -322,7 +318,7 @@ async fn review2_portfolio_events_the_version_filter_refuses_open_nothing_and_an
         let mut s = if view == 0 {
             side(Portfolio::new(1)).await
         } else {
-            side(OldPortfolio).await
+            side(OldPortfolio(Portfolio::new(1))).await
         };
         let events = [
             pf(1, 1, "A", "buy", "10", "1.5"),
@@ -389,7 +385,7 @@ async fn review2_a_reused_id_in_a_later_round_reruns_every_round_once_with_one_n
         let mut s = if view == 0 {
             side(Portfolio::new(1)).await
         } else {
-            side(OldPortfolio).await
+            side(OldPortfolio(Portfolio::new(1))).await
         };
         let mut log = Partition::new("trades", 0);
         log.push_event(&pf(1, 1, "EURUSD", "buy", "10", "1.5").with_id("shared")); // 0

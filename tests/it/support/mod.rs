@@ -344,16 +344,28 @@ pub async fn eventually<T: std::fmt::Debug, F: Future<Output = T>>(
 
 /// A database with [`Trail`] v1 migrated, and its applier on an ordered source.
 pub async fn trail_db() -> (projector_engine::testkit::TestDb, projector_engine::Applier) {
+    applier_db(Trail::new(1)).await
+}
+
+/// A database with `view` migrated, and its applier on an ordered source.
+pub async fn applier_db(
+    view: impl Projection + Clone,
+) -> (projector_engine::testkit::TestDb, projector_engine::Applier) {
     let registry = projector_engine::Registry::new()
-        .register(Trail::new(1))
+        .register(view.clone())
         .expect("registry");
     let db = projector_engine::testkit::TestDb::new(&registry).await;
     let applier = projector_engine::Applier::new(
-        std::sync::Arc::new(Trail::new(1)),
+        std::sync::Arc::new(view),
         projector_engine::SourceOrdering::PerAccount,
     )
     .expect("applier");
     (db, applier)
+}
+
+/// The disposition of every message of a batch, in offset order.
+pub fn kinds(outcome: &projector_engine::BatchOutcome) -> Vec<projector_engine::Disposition> {
+    outcome.dispositions.iter().map(|(_, d)| *d).collect()
 }
 
 /// The `seq`s [`Trail`] v1 applied for `account`, in order; `None` before its first.
