@@ -5,15 +5,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use deadpool_postgres::Pool;
-use projector_devkit::publish::{publish_lines, PublishConfig, PublishReport};
+use projector_devkit::publish::{check_line, PublishConfig, PublishReport};
 use projector_engine::kafka::source::{run_views, KafkaConfig, Observer};
 use projector_engine::Applier;
-use tokio::sync::{mpsc, oneshot, Notify};
-use tokio_stream::wrappers::UnboundedReceiverStream;
-use tokio_stream::StreamExt as _;
-use tokio_util::io::StreamReader;
+use rdkafka::client::ClientContext;
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message as _;
+use rdkafka::producer::{
+    BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer,
+};
+use rdkafka::types::RDKafkaErrorCode;
+use tokio::sync::{oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{mismatch, stop, BenchError, Doing as _};
@@ -298,14 +301,17 @@ fn producer(brokers: &str, topic: &str) -> PublishConfig {
 type Produced = Result<(PublishReport, Vec<Instant>), BenchError>;
 
 /// Publishes `lines` while the views run, on a thread and runtime of its own, as a producer
-/// in another process would be (on the engine's runtime, `publish_lines` would hold a worker
-/// thread for whole bursts and starve the engine's tasks).
+/// in another process would be (on the engine's runtime, the sending loop would hold a
+/// worker thread for whole bursts and starve the engine's tasks).
 ///
-/// The first line goes alone, and nothing more until every view has committed it: a new
-/// idempotent librdkafka producer waits about half a second for its producer id before it
-/// delivers anything, and that start-up belongs to the producer, not to the engine. Then
-/// `released` gets the time, and the rest goes as fast as the producer takes it, or at
-/// `rate` per second. Returns when each line was handed to the producer.
+/// Every line is checked and keyed as `projector publish` does before anything is sent, so
+/// that the timed window holds the engine's work and librdkafka's sending, not the feed's
+/// own decoding (which cost about as much CPU per event as the engine's consumer, on the same
+/// two cores). The first line goes alone, and nothing more until every view has committed
+/// it: a new idempotent librdkafka producer waits about half a second for its producer id
+/// before it delivers anything, and that start-up belongs to the producer, not to the
+/// engine. Then `released` gets the time, and the rest goes as fast as the producer takes
+/// it, or at `rate` per second. Returns when each line was handed to the producer.
 fn produce(
     config: &KafkaConfig,
     lines: Vec<String>,
@@ -324,6 +330,37 @@ fn produce(
     })
 }
 
+/// Counts the feed's deliveries per partition, and keeps the first failure.
+#[derive(Default)]
+struct Deliveries {
+    report: Mutex<PublishReport>,
+    failure: Mutex<Option<KafkaError>>,
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, (): ()) {
+        match result {
+            Ok(message) => {
+                let mut report = self.report.lock().unwrap_or_else(|e| e.into_inner());
+                report.sent += 1;
+                *report.partitions.entry(message.partition()).or_default() += 1;
+            }
+            Err((error, _)) => {
+                let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+                failure.get_or_insert_with(|| error.clone());
+            }
+        }
+    }
+}
+
+/// The feed's producer: `projector publish`'s settings, sending messages checked and keyed
+/// beforehand.
+type FeedProducer = ThreadedProducer<Deliveries>;
+
 async fn feed(
     brokers: String,
     topic: String,
@@ -332,62 +369,72 @@ async fn feed(
     watch: Arc<Watch>,
     released: oneshot::Sender<Instant>,
 ) -> Produced {
-    // The producer reads the lines as the sender below releases them.
-    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
-    let reader = StreamReader::new(UnboundedReceiverStream::new(rx).map(Ok::<_, std::io::Error>));
     let count = lines.len();
-    let sender = tokio::spawn(async move {
-        let mut sent_at = Vec::with_capacity(count);
-        let mut lines = lines.into_iter();
-        let send = |line: String, sent_at: &mut Vec<Instant>| {
-            let mut bytes = line.into_bytes();
-            bytes.push(b'\n');
-            sent_at.push(Instant::now());
-            // Fails only when publishing stopped; its error is reported from there.
-            tx.send(Bytes::from(bytes)).is_ok()
-        };
-        let Some(first) = lines.next() else {
-            return Ok(sent_at);
-        };
-        send(first, &mut sent_at);
-        watch.first_visible().await?;
-        let started = Instant::now();
-        let _ = released.send(started);
-        match rate {
-            None => {
-                for line in lines {
-                    if !send(line, &mut sent_at) {
-                        break;
-                    }
-                }
+    let mut records = Vec::with_capacity(count);
+    for (n, line) in lines.iter().enumerate() {
+        match check_line(line.as_bytes()) {
+            Ok(key) => records.push((key, line.as_str())),
+            Err(reason) => mismatch!(
+                "the bench generated a bad event on line {}: {reason}",
+                n + 1
+            ),
+        }
+    }
+    let producer: FeedProducer = producer(&brokers, &topic)
+        .client_config()
+        .create_with_context(Deliveries::default())
+        .doing("cannot create the feed's producer")?;
+    let mut sent_at = Vec::with_capacity(count);
+    let mut records = records.into_iter();
+    let Some(first) = records.next() else {
+        return Ok((PublishReport::default(), sent_at));
+    };
+    send(&producer, &topic, &first, &mut sent_at).await?;
+    watch.first_visible().await?;
+    let started = Instant::now();
+    let _ = released.send(started);
+    match rate {
+        None => {
+            for record in records {
+                send(&producer, &topic, &record, &mut sent_at).await?;
             }
-            Some(rate) => {
-                let mut tick = tokio::time::interval(Duration::from_millis(1));
-                let rest = count - 1;
-                let mut done = 0usize;
-                while done < rest {
-                    tick.tick().await;
-                    let due = usize::try_from(
-                        started.elapsed().as_micros() * u128::from(rate) / 1_000_000,
-                    )
-                    .unwrap_or(usize::MAX)
-                    .min(rest);
-                    while done < due {
-                        let Some(line) = lines.next() else { break };
-                        if !send(line, &mut sent_at) {
-                            return Ok(sent_at);
-                        }
-                        done += 1;
-                    }
+        }
+        Some(rate) => {
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            let rest = count - 1;
+            let mut done = 0usize;
+            while done < rest {
+                tick.tick().await;
+                let due =
+                    usize::try_from(started.elapsed().as_micros() * u128::from(rate) / 1_000_000)
+                        .unwrap_or(usize::MAX)
+                        .min(rest);
+                while done < due {
+                    let Some(record) = records.next() else { break };
+                    send(&producer, &topic, &record, &mut sent_at).await?;
+                    done += 1;
                 }
             }
         }
-        Ok::<_, BenchError>(sent_at)
-    });
-    let report = publish_lines(reader, &producer(&brokers, &topic))
-        .await
-        .doing_with(|| format!("publishing to {topic}"))?;
-    let sent_at = sender.await.doing("the sender failed")??;
+    }
+    // Blocks this runtime's only thread, which has nothing else to do.
+    producer
+        .flush(PHASE_TIMEOUT)
+        .doing_with(|| format!("waiting for the feed's deliveries to {topic}"))?;
+    let deliveries = producer.context();
+    if let Some(error) = deliveries
+        .failure
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+    {
+        return Err(error).doing_with(|| format!("publishing to {topic}"));
+    }
+    let report = deliveries
+        .report
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     if report.sent != count as u64 || sent_at.len() != count {
         mismatch!(
             "published {} of {count} events",
@@ -395,6 +442,29 @@ async fn feed(
         );
     }
     Ok((report, sent_at))
+}
+
+/// Hands one checked message to the producer, waiting while its queue is full, and records
+/// when it was handed over.
+async fn send(
+    producer: &FeedProducer,
+    topic: &str,
+    (key, payload): &(Vec<u8>, &str),
+    sent_at: &mut Vec<Instant>,
+) -> Result<(), BenchError> {
+    sent_at.push(Instant::now());
+    loop {
+        match producer.send(BaseRecord::to(topic).key(key).payload(*payload)) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                // The producer's poll thread frees queue slots as deliveries come back.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Err((error, _)) => {
+                return Err(error).doing_with(|| format!("publishing to {topic}"));
+            }
+        }
+    }
 }
 
 /// The producer must have put each event where the bench computed it would (murmur2 of the

@@ -48,6 +48,9 @@ pub enum BenchError {
     /// Publishing the events failed.
     #[error(transparent)]
     Publish(#[from] PublishError),
+    /// The feed's producer failed.
+    #[error(transparent)]
+    Kafka(#[from] rdkafka::error::KafkaError),
     /// The rebuild phase's rebuild failed.
     #[error(transparent)]
     Rebuild(#[from] projector_rebuild::RebuildError),

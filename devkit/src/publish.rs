@@ -56,7 +56,10 @@ impl PublishConfig {
         }
     }
 
-    fn client_config(&self) -> ClientConfig {
+    /// The librdkafka configuration of this producer: the settings above, then
+    /// [`PublishConfig::properties`]. For a producer of already checked, keyed messages (the
+    /// bench's feed) that must behave exactly like `projector publish`'s.
+    pub fn client_config(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.brokers)
             .set("client.id", "projector-publish")
