@@ -331,6 +331,13 @@ pub struct Figures {
     p99: Duration,
     max: Duration,
     server: String,
+    /// The server settings that decide what a large inbox costs (see `docs/benchmarks.md`,
+    /// "A full inbox").
+    settings: String,
+    /// Full-page images PostgreSQL wrote during the best engine round and during the
+    /// full-inbox phase (`pg_stat_wal`, the whole server's; `None` before PostgreSQL 14).
+    engine_wal_fpi: Option<u64>,
+    full_inbox_wal_fpi: Option<u64>,
     /// Every round's figure: engine, ceiling, catch-up, rebuild.
     samples: Vec<Vec<u64>>,
 }
@@ -391,6 +398,26 @@ fn applier(view: impl Projection) -> Result<Arc<Applier>, BenchError> {
         Arc::new(view),
         SourceOrdering::PerAccount,
     )?))
+}
+
+/// Full-page images the server has written since its statistics were reset
+/// (`pg_stat_wal.wal_fpi`, PostgreSQL 14 and later; `None` before).
+async fn wal_fpi(pool: &Pool) -> Result<Option<u64>, BenchError> {
+    let client = pool.get().await?;
+    let number: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .doing("reading the server's version")?
+        .get(0);
+    if number < 140_000 {
+        return Ok(None);
+    }
+    let fpi: i64 = client
+        .query_one("SELECT wal_fpi FROM pg_stat_wal", &[])
+        .await
+        .doing("reading pg_stat_wal")?
+        .get(0);
+    Ok(Some(fpi.unsigned_abs()))
 }
 
 /// Between phases, untimed: vacuum and analyze what the last phase wrote and force a
@@ -470,8 +497,9 @@ impl Bench<'_> {
         c
     }
 
-    /// Portfolio `version`, subscribed before the events exist, fed live on `topic`.
-    async fn live(&self, version: i32, topic: &str) -> Result<u64, BenchError> {
+    /// Portfolio `version`, subscribed before the events exist, fed live on `topic`: events
+    /// per second, and the full-page images written meanwhile.
+    async fn live(&self, version: i32, topic: &str) -> Result<(u64, Option<u64>), BenchError> {
         settle(self.pool).await?;
         self.live_settled(version, topic, 0).await
     }
@@ -483,7 +511,8 @@ impl Bench<'_> {
         version: i32,
         topic: &str,
         filler: u64,
-    ) -> Result<u64, BenchError> {
+    ) -> Result<(u64, Option<u64>), BenchError> {
+        let fpi_before = wal_fpi(self.pool).await?;
         let watch = Watch::new(
             vec![Portfolio::new(version).consumer()],
             self.ends.clone(),
@@ -498,8 +527,12 @@ impl Bench<'_> {
             Feed::Live(self.stream.clone()),
         )
         .await?;
+        let fpi = match (fpi_before, wal_fpi(self.pool).await?) {
+            (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+            _ => None,
+        };
         check_portfolio_with(self.pool, version, topic, &self.fold, &self.ends, filler).await?;
-        Ok(eps(run.events, run.elapsed))
+        Ok((eps(run.events, run.elapsed), fpi))
     }
 
     /// A new portfolio `version` built from the earliest offsets of the full `topic` by the
@@ -641,6 +674,16 @@ async fn phases(options: &Options, pool: &Pool, url: &str) -> Result<Figures, Be
             .query_one("SHOW server_version", &[])
             .await?
             .get::<_, String>(0);
+        f.settings = client
+            .query_one(
+                "SELECT string_agg(name || ' ' || current_setting(name), ', ' ORDER BY n) \
+                 FROM unnest(ARRAY['shared_buffers', 'max_wal_size', 'checkpoint_timeout', \
+                 'wal_compression', 'synchronous_commit']) WITH ORDINALITY AS s(name, n)",
+                &[],
+            )
+            .await
+            .doing("reading the server's settings")?
+            .get::<_, String>(0);
         let mut registry = Registry::new()
             .register(Portfolio::new(V_ALL))?
             .register(Risk::new(V_ALL))?
@@ -700,7 +743,11 @@ async fn phases(options: &Options, pool: &Pool, url: &str) -> Result<Figures, Be
         let topic = format!("{TOPIC}_{r}");
         let round = format!("round {} of {repeats}", r + 1);
         eprintln!("bench: {round}: engine, portfolio, live: the views run while {count} events are published");
-        engine.push(b.live(V_ENGINE + r, &topic).await?);
+        let (rate, fpi) = b.live(V_ENGINE + r, &topic).await?;
+        if engine.iter().all(|best| rate > *best) {
+            f.engine_wal_fpi = fpi;
+        }
+        engine.push(rate);
         eprintln!(
             "bench: {round}: engine: {} events/s; rows equal the fold",
             grouped(engine[engine.len() - 1])
@@ -869,7 +916,7 @@ async fn full_inbox(options: &Options, b: &Bench<'_>, f: &mut Figures) -> Result
         "bench: full inbox: engine, portfolio, live, on an inbox of {} rows",
         grouped(f.inbox_total)
     );
-    f.engine_full_inbox_eps = b
+    (f.engine_full_inbox_eps, f.full_inbox_wal_fpi) = b
         .live_settled(V_FULL_INBOX, TOPIC_FULL_INBOX, options.inbox_rows)
         .await?;
     eprintln!(
@@ -1094,6 +1141,7 @@ fn table(f: &Figures) -> String {
         f.server,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
+    let _ = writeln!(t, "server: {}", f.settings);
     let _ = writeln!(
         t,
         "{:<48} {:>10} {:>12} {:>9} {:>11}",
@@ -1208,6 +1256,14 @@ fn table(f: &Figures) -> String {
             f.inbox_fill.as_secs(),
             ratio2(f.engine_full_inbox_eps, f.engine_eps),
         );
+        if let (Some(full), Some(small)) = (f.full_inbox_wal_fpi, f.engine_wal_fpi) {
+            let _ = writeln!(
+                t,
+                "    full-page images written: {} per event with the full inbox, {} in the engine phase: after a checkpoint, the first change of each inbox index page is logged whole",
+                ratio2(full, f.events),
+                ratio2(small, f.events),
+            );
+        }
     }
     let _ = writeln!(
         t,
@@ -1354,6 +1410,10 @@ struct Json<'a> {
     rebuild_live_max_ms: Box<RawValue>,
     rebuild_under_live_eps: u64,
     rebuild_command_ms: u64,
+    // Added with the full-page image counts: what a large inbox costs depends on them.
+    server_settings: &'a str,
+    engine_wal_fpi: Option<u64>,
+    full_inbox_wal_fpi: Option<u64>,
     build: &'static str,
     postgres: &'a str,
     rounds: Rounds<'a>,
@@ -1411,6 +1471,9 @@ fn json(f: &Figures) -> String {
         rebuild_live_max_ms: number(millis(f.rebuild_live_max)),
         rebuild_under_live_eps: f.rebuild_loaded_eps,
         rebuild_command_ms: u64::try_from(f.rebuild_command.as_millis()).unwrap_or(u64::MAX),
+        server_settings: &f.settings,
+        engine_wal_fpi: f.engine_wal_fpi,
+        full_inbox_wal_fpi: f.full_inbox_wal_fpi,
         build: if cfg!(debug_assertions) {
             "debug"
         } else {
@@ -1464,6 +1527,8 @@ mod tests {
             ceiling_all_views_eps: 40,
             engine_all_views_eps: 30,
             rebuild_eps: 45,
+            settings: "max_wal_size 1GB".to_owned(),
+            full_inbox_wal_fpi: Some(1300),
             ..Figures::default()
         };
         let text = json(&f);
@@ -1482,6 +1547,12 @@ mod tests {
         assert!(
             text.contains(
                 r#""ceiling_all_views_eps":40,"engine_full_inbox_eps":0,"rebuild_eps":45,"all_views_over_ceiling_all_views":0.75,"full_inbox_over_engine":0.00,"rebuild_over_ceiling":0.90,"rebuild_over_engine":1.80,"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#""server_settings":"max_wal_size 1GB","engine_wal_fpi":null,"full_inbox_wal_fpi":1300,"build":"#
             ),
             "{text}"
         );

@@ -89,6 +89,17 @@ fn the_bench_reports_every_figure_as_json() {
         json["rebuild_live_events"].as_u64().is_some_and(|n| n > 0),
         "no live event was published while the rebuild ran: {json}"
     );
+    // The server this runs on is PostgreSQL 14 or later (pg_stat_wal): the full-page image
+    // counts are there, and the settings they depend on are named.
+    for key in ["engine_wal_fpi", "full_inbox_wal_fpi"] {
+        assert!(json[key].as_u64().is_some(), "{key} is missing: {json}");
+    }
+    assert!(
+        json["server_settings"]
+            .as_str()
+            .is_some_and(|s| s.contains("max_wal_size ") && s.contains("shared_buffers ")),
+        "server_settings does not name the settings: {json}"
+    );
 
     // The scratch database was dropped.
     let left = tokio::runtime::Builder::new_current_thread()
