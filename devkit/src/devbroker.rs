@@ -26,11 +26,12 @@ use std::time::{Duration, Instant};
 
 use rdkafka::client::{Client, ClientContext};
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message as _;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 /// Re-exported so that fault-injection tests in other crates name the same types as the
@@ -260,6 +261,23 @@ pub struct ConsumedMessage {
     pub payload: Vec<u8>,
 }
 
+/// [`read_topic`]'s consumer: reaching the end of a partition is how a read ends, so
+/// librdkafka's report of it is not logged as an error.
+struct ReadContext;
+
+impl ClientContext for ReadContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        match error {
+            KafkaError::Global(RDKafkaErrorCode::PartitionEOF) | KafkaError::PartitionEOF(_) => {
+                tracing::debug!("librdkafka: {error}: {reason}");
+            }
+            _ => tracing::error!("librdkafka: {error}: {reason}"),
+        }
+    }
+}
+
+impl ConsumerContext for ReadContext {}
+
 /// Reads every partition of `topic` from its low to its high watermark as of the call,
 /// and returns the messages ordered by partition and offset. Works against any Kafka
 /// cluster; joins no consumer group and commits nothing.
@@ -272,14 +290,14 @@ pub fn read_topic(
 ) -> Result<Vec<ConsumedMessage>, DevBrokerError> {
     let deadline = Instant::now() + timeout;
     let left = || deadline.saturating_duration_since(Instant::now());
-    let consumer: BaseConsumer = ClientConfig::new()
+    let consumer: BaseConsumer<ReadContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap_servers)
         .set("group.id", "projector-read-topic")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "true")
         .set_log_level(RDKafkaLogLevel::Warning)
-        .create()
+        .create_with_context(ReadContext)
         .map_err(kafka("creating a consumer"))?;
 
     let metadata = consumer
