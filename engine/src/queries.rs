@@ -221,9 +221,10 @@ pub const INBOX_CTES: &str = "fresh AS (INSERT INTO projector.inbox (consumer, e
      SELECT $1::text, event_id FROM batch ON CONFLICT DO NOTHING RETURNING event_id), \
      ev AS (SELECT batch.* FROM batch JOIN fresh USING (event_id) WHERE EXISTS (SELECT 1 FROM fresh))";
 
-/// The inbox guard of the fast path, for events the batch's plan already knows are new (an
+/// The inbox guard of the fast path's first try, for events expected to be new (an
 /// order-dependent view on an ordered source sends only events past each account's locked
-/// `last_seq`): a plain insert, which the unique key still guards. An id the inbox has fails
+/// `last_seq`; other views' batches are new unless redelivered): a plain insert, which the
+/// unique key still guards. An id the inbox has fails
 /// the statement (23505) instead of being skipped: nothing of it is applied, the engine rolls
 /// back to the batch's savepoint and runs the rounds again with [`INBOX_CTES`], which skips
 /// it. The same dedup in the statement, without the speculative insertion of

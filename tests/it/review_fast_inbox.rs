@@ -356,7 +356,8 @@ async fn fast_inbox_views_without_the_fresh_statement_are_unchanged() {
     assert_eq!(kinds(&out), [Applied]);
     assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1,3"));
 
-    // Order-independent (eod-like): the ON CONFLICT statement, a reused id skipped.
+    // Order-independent (eod-like): the ON CONFLICT statement stays the fallback of its
+    // plain insert; a reused id skipped.
     let (db, applier) = applier_db(Tally::new(1)).await;
     assert!(applier
         .statement()
@@ -402,4 +403,147 @@ async fn fast_inbox_one_reused_id_behind_a_thousand_rounds_is_skipped_and_the_re
     );
     let trail = trail_of(&client, 1).await.expect("account 1");
     assert_eq!(trail.split(',').count(), n as usize - 1);
+}
+
+// The plain insert for order-independent views (eod, `Tally` here): their batches are not
+// known new by `seq`, so an event published again at a new offset (not filtered by `seq` as
+// an order-dependent view's is) fails the first try and the rounds run again with
+// `ON CONFLICT`. The outcome must be the `ON CONFLICT` statement's.
+
+async fn tally_rows(client: &deadpool_postgres::Client) -> Vec<String> {
+    client
+        .query(
+            "SELECT format('(%s,%s,%s,%s)', account_id, fills, qty, memos) \
+             FROM tally_v1 ORDER BY account_id",
+            &[],
+        )
+        .await
+        .expect("tally rows")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_inbox_an_order_independent_view_applies_republished_and_reused_ids_once() {
+    let (db, applier) = applier_db(Tally::new(1)).await;
+    let mut client = db.client().await;
+    let events = crate::support::fills(3, 4);
+    let mut log = Partition::new("fills", 0);
+    for e in &events {
+        log.push_event(e);
+    }
+    let out = apply(&applier, &mut client, &log.batch(0, 12)).await;
+    assert_eq!((out.counts.applied, out.counts.dup_inbox), (12, 0));
+
+    // The same twelve events published again (an outbox relay that resent them after a
+    // crash): new offsets, ids the inbox has. Nothing is applied twice.
+    for e in &events {
+        log.push_event(e);
+    }
+    let out = apply(&applier, &mut client, &log.batch(12, 12)).await;
+    assert_eq!((out.counts.applied, out.counts.dup_inbox), (0, 12));
+
+    // Republished events first, then new ones: only the new ones count.
+    let mut all = events.clone();
+    for e in &events[9..] {
+        log.push_event(e);
+    }
+    for seq in 5..=6 {
+        for account in 1..=3 {
+            let e = f(account, seq, &format!("{account}.{seq}"));
+            log.push_event(&e);
+            all.push(e);
+        }
+    }
+    let out = apply(&applier, &mut client, &log.batch(24, 9)).await;
+    assert_eq!((out.counts.applied, out.counts.dup_inbox), (6, 3));
+
+    // New events first and a reused id last: the plain insert has written the new rows
+    // when the reused one fails it; the retry must not keep them twice.
+    let tail = [
+        f(1, 7, "100"),
+        f(2, 7, "200"),
+        f(3, 7, "300").with_id(&events[0].event_id),
+    ];
+    for e in &tail {
+        log.push_event(e);
+        all.push(e.clone());
+    }
+    let out = apply(&applier, &mut client, &log.batch(33, 3)).await;
+    assert_eq!((out.counts.applied, out.counts.dup_inbox), (2, 1));
+    assert_eq!(tally_rows(&client).await, crate::support::tally_fold(&all));
+    assert_eq!(
+        one(
+            &client,
+            "SELECT count(*) FROM projector.inbox WHERE consumer = 'tally_v1'"
+        )
+        .await,
+        20
+    );
+    assert_offsets_add_up(&client, "tally_v1", 36).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_inbox_an_order_independent_view_waits_on_a_concurrent_writer_of_the_same_id() {
+    // Writer A holds an uncommitted inbox row; writer B's plain insert of the same id
+    // waits for it, then skips it (A committed) or applies it (A rolled back).
+    for a_commits in [true, false] {
+        let (db, applier) = applier_db(Tally::new(1)).await;
+        let applier = Arc::new(applier);
+        let mut a = db.client().await;
+        let mut p0 = Partition::new("fills", 0);
+        p0.push_event(&f(1, 1, "1").with_id("shared"));
+        let mut p1 = Partition::new("fills", 1);
+        p1.push_event(&f(2, 1, "2"));
+        p1.push_event(&f(2, 2, "4").with_id("shared"));
+
+        let mut tx = a.transaction().await.expect("begin");
+        let held = applier
+            .apply_in(&mut tx, &p0.batch(0, 10))
+            .await
+            .expect("A");
+        assert_eq!(kinds(&held), [Applied]);
+        let b_task = {
+            let (applier, pool, batch) = (applier.clone(), db.pool().clone(), p1.batch(0, 10));
+            tokio::spawn(async move {
+                let mut b = pool.get().await.expect("b");
+                applier.apply(&mut b, &batch).await.expect("B")
+            })
+        };
+        let observer = db.client().await;
+        eventually(
+            "B waiting on A's inbox row",
+            || {
+                one(
+                    &observer,
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                     AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+                )
+            },
+            |blocked| *blocked > 0,
+        )
+        .await;
+        if a_commits {
+            tx.commit().await.expect("commit A");
+        } else {
+            tx.rollback().await.expect("rollback A");
+        }
+        let b = b_task.await.expect("B");
+        // One statement for the whole round: dispositions say sent, the counters say what
+        // the inbox skipped (as with `ON CONFLICT` alone).
+        assert_eq!(kinds(&b), [Applied, Applied]);
+        assert_eq!(
+            (b.counts.applied, b.counts.dup_inbox),
+            if a_commits { (1, 1) } else { (2, 0) },
+            "{:?}",
+            b.counts
+        );
+        let rows = tally_rows(&observer).await;
+        if a_commits {
+            assert_eq!(rows, ["(1,1,1,0)", "(2,1,2,0)"]);
+        } else {
+            assert_eq!(rows, ["(2,2,6,0)"]);
+        }
+    }
 }

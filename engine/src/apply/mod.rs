@@ -103,8 +103,9 @@ pub struct Applier {
     /// (asked several times per event).
     subscribes: Vec<String>,
     statement: String,
-    /// The statement of the fast path when the plan knows every event it sends is new
-    /// ([`InboxGuard::Fail`]); `None`: the fast path runs `statement` too.
+    /// The statement of the fast path for a view with an inbox, which expects the events it
+    /// sends to be new ([`InboxGuard::Fail`]); `None` (no inbox): the fast path runs
+    /// `statement` too.
     fresh_statement: Option<String>,
     metrics: ViewMetrics,
     /// Recorded on every offset this applier moves (`projector.offsets.committed_by`).
@@ -141,10 +142,15 @@ impl Applier {
             (SourceOrdering::PerAccount, false) => Tracking::Watermark,
             (SourceOrdering::PerAccount, true) => Tracking::Seq,
         };
-        // Only an order-dependent view on an ordered source sends nothing but events past
-        // each account's locked `last_seq` (older ones are judged before, by seq and inbox
-        // lookups): new events, unless a producer reused an id, which the fallback handles.
-        let fresh_statement = (tracking == Tracking::Seq && projection.dedup().uses_inbox())
+        // Every view with an inbox tries the plain insert first: the events a batch sends are
+        // new far more often than not (a redelivered batch never met the inbox: its rows
+        // would have committed with its offset). An order-dependent view on an ordered
+        // source sends only events past each account's locked `last_seq`, so only a reused
+        // id fails it; for the others (eod) an event published again at a new offset does
+        // too. Either way the fallback runs the same rounds with `ON CONFLICT`.
+        let fresh_statement = projection
+            .dedup()
+            .uses_inbox()
             .then(|| compose_statement_with(&*projection, InboxGuard::Fail));
         Ok(Self {
             statement: compose_statement(&*projection),

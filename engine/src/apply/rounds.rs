@@ -29,12 +29,12 @@ pub(crate) type Slot = (usize, usize);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InboxGuard {
     /// `ON CONFLICT DO NOTHING RETURNING`: the event is skipped, the others applied
-    /// ([`queries::INBOX_CTES`]). Always correct; the careful path and every view that cannot
-    /// know its events are new use it.
+    /// ([`queries::INBOX_CTES`]). Always correct; the careful path and the retry after a
+    /// conflict use it.
     Skip,
     /// A plain insert: the statement fails, nothing of it is applied
-    /// ([`queries::FRESH_INBOX_CTES`]). For events the plan knows are new; a failure falls
-    /// back to [`InboxGuard::Skip`].
+    /// ([`queries::FRESH_INBOX_CTES`]). The fast path's first try, for events expected to
+    /// be new; a conflict falls back to [`InboxGuard::Skip`].
     Fail,
 }
 
@@ -195,7 +195,8 @@ pub(crate) fn is_event_error(e: &tokio_postgres::Error) -> bool {
         || code == &SqlState::CARDINALITY_VIOLATION
 }
 
-/// A unique violation of the inbox's key: the known-new statement met an id the inbox has.
+/// A unique violation of the inbox's key: the fast path's plain insert met an id the inbox
+/// has.
 fn is_inbox_conflict(e: &tokio_postgres::Error) -> bool {
     e.as_db_error().is_some_and(|db| {
         db.code() == &SqlState::UNIQUE_VIOLATION
@@ -308,8 +309,10 @@ impl Applier {
             tx.batch_execute(queries::ROLLBACK_BATCH_SAVEPOINT)
                 .await
                 .map_err(self.db("rolling back a savepoint"))?;
-            // An id the inbox already has (a producer reused it) failed the known-new
-            // statement: the same rounds again, pipelined, with the statement that skips it.
+            // An id the inbox already has (an event published again, which an
+            // order-independent view does not filter by seq, or a reused id) failed the
+            // plain insert: the same rounds again, pipelined, with the statement that
+            // skips it.
             // Only a failure of that one takes the careful path, whose cost grows with the
             // rounds (a savepoint and a round trip each).
             if self.fresh_statement.is_some() && is_inbox_conflict(first) {
