@@ -229,9 +229,15 @@ pub const INBOX_CTES: &str = "fresh AS (INSERT INTO projector.inbox (consumer, e
 /// back to the batch's savepoint and runs the rounds again with [`INBOX_CTES`], which skips
 /// it. The same dedup in the statement, without the speculative insertion of
 /// `ON CONFLICT`, which costs about as much per event as the insert itself (docs/benchmarks.md).
+///
+/// `ev` waits for the whole insert (`count(*)` reads every row of `fresh`, once, before `ev`
+/// yields a row): every inbox row is written, and its key locked, before the view's CTEs
+/// touch a view row, the lock order of [`INBOX_CTES`]. With `EXISTS`, which reads one row,
+/// PostgreSQL finished the insert after the view's writes, and two writers sharing an id and
+/// a view row could deadlock.
 pub const FRESH_INBOX_CTES: &str = "fresh AS (INSERT INTO projector.inbox (consumer, event_id) \
      SELECT $1::text, event_id FROM batch RETURNING event_id), \
-     ev AS (SELECT batch.* FROM batch WHERE EXISTS (SELECT 1 FROM fresh))";
+     ev AS (SELECT batch.* FROM batch WHERE (SELECT count(*) FROM fresh) > 0)";
 
 /// For views that dedup by version filter only: `ev` is the whole batch. `$1` is still
 /// referenced so every statement has the same parameter list.

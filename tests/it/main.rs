@@ -30,6 +30,7 @@ mod ops_status;
 mod rebuild;
 mod rebuild_notices;
 mod review_fast_inbox;
+mod review_fast_inbox_unordered;
 mod review_holes;
 mod review_holes_rebuild;
 mod review_round2;

@@ -237,8 +237,12 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
         }
         let failed: std::collections::HashSet<usize> =
             acc.failures.iter().map(|(k, _)| *k).collect();
+        // A repeat of an id earlier in the batch was never sent: it holds its seq only if its
+        // first carrier did, and that one is in the list by itself. Counting the repeat would
+        // resolve the first carrier's own dead letter when that one failed.
         for (k, &(seq, item)) in acc.plan.emitted.iter().enumerate() {
-            if !failed.contains(&k) && work.event(item).is_some() {
+            if !failed.contains(&k) && !work.repeated.contains(&item) && work.event(item).is_some()
+            {
                 rows.superseded.0.push(acc.account_id);
                 rows.superseded.1.push(seq);
             }

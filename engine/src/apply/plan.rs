@@ -369,17 +369,41 @@ impl<'b> Work<'b> {
         self.conflicts = conflicts;
     }
 
-    /// Marks emitted events whose id an earlier emitted event of the batch carries. `sent`
-    /// says whether an event goes to the view's statement at all.
+    /// Marks emitted events whose id an earlier emitted event of the batch carries. Earlier
+    /// as received: the batch's events by offset, so that of two events sharing an id the
+    /// first is applied whatever the batch boundaries, and an event that waited for this
+    /// batch where the first batch event of its account is, before it (it is the older).
+    /// `sent` says whether an event goes to the view's statement at all.
     pub(crate) fn mark_repeated_ids(&mut self, sent: &dyn Fn(&Event) -> bool) {
-        let mut seen: HashSet<&str> = HashSet::new();
-        let mut repeated = HashSet::new();
-        for acc in &self.accounts {
-            for &(_, item) in &acc.plan.emitted {
+        let mut candidates: Vec<((usize, usize, usize), Item, &str)> = Vec::new();
+        for (a, acc) in self.accounts.iter().enumerate() {
+            let anchor = acc
+                .plan
+                .emitted
+                .iter()
+                .filter_map(|&(_, item)| match item {
+                    Item::Batch(i) => Some(i),
+                    Item::Stored(_) => None,
+                })
+                .min()
+                .unwrap_or(usize::MAX);
+            for (k, &(_, item)) in acc.plan.emitted.iter().enumerate() {
                 let Some(ev) = self.event(item) else { continue };
-                if sent(ev) && !seen.insert(ev.event_id.as_str()) {
-                    repeated.insert(item);
+                if sent(ev) {
+                    let at = match item {
+                        Item::Batch(i) => i,
+                        Item::Stored(_) => anchor,
+                    };
+                    candidates.push(((at, a, k), item, ev.event_id.as_str()));
                 }
+            }
+        }
+        candidates.sort_unstable_by_key(|(order, _, _)| *order);
+        let mut seen: HashSet<&str> = HashSet::with_capacity(candidates.len());
+        let mut repeated = HashSet::new();
+        for (_, item, id) in candidates {
+            if !seen.insert(id) {
+                repeated.insert(item);
             }
         }
         for &item in &repeated {
