@@ -547,3 +547,58 @@ async fn fast_inbox_an_order_independent_view_waits_on_a_concurrent_writer_of_th
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_inbox_after_a_batch_meets_the_inbox_the_next_go_straight_to_on_conflict() {
+    // A run of republished events (a relay resending after a crash) would make every batch
+    // pay a failed plain insert and a second pass; after one such batch the applier goes
+    // straight to `ON CONFLICT`, and back to the plain insert after a batch that met none.
+    use projector_engine::apply::InboxGuard::{Fail, Skip};
+    let (db, applier) = applier_db(Tally::new(1)).await;
+    let mut client = db.client().await;
+    assert_eq!(applier.first_try(), Some(Fail));
+    let mut log = Partition::new("fills", 0);
+    let mut all = Vec::new();
+    let mut push = |log: &mut Partition, e: EventSpec| {
+        log.push_event(&e);
+        all.push(e);
+    };
+    for account in 1..=3 {
+        push(&mut log, f(account, 1, "1"));
+    }
+    let out = apply(&applier, &mut client, &log.batch(0, 3)).await;
+    assert_eq!((out.counts.applied, out.counts.dup_inbox), (3, 0));
+    assert_eq!(applier.first_try(), Some(Fail));
+
+    // Republished: the first try fails, the retry skips it, and the hint is set.
+    push(&mut log, f(1, 1, "1"));
+    push(&mut log, f(4, 1, "4"));
+    let out = apply(&applier, &mut client, &log.batch(3, 2)).await;
+    assert_eq!((out.counts.applied, out.counts.dup_inbox), (1, 1));
+    assert_eq!(applier.first_try(), Some(Skip));
+
+    // More of the run: straight to ON CONFLICT, the hint stays.
+    push(&mut log, f(2, 1, "1"));
+    push(&mut log, f(5, 1, "5"));
+    let out = apply(&applier, &mut client, &log.batch(5, 2)).await;
+    assert_eq!((out.counts.applied, out.counts.dup_inbox), (1, 1));
+    assert_eq!(applier.first_try(), Some(Skip));
+
+    // A batch that meets no id the inbox has clears it.
+    push(&mut log, f(6, 1, "6"));
+    let out = apply(&applier, &mut client, &log.batch(7, 1)).await;
+    assert_eq!((out.counts.applied, out.counts.dup_inbox), (1, 0));
+    assert_eq!(applier.first_try(), Some(Fail));
+    assert_eq!(
+        crate::support::rows(&client, "tally_v1").await,
+        crate::support::tally_fold(&all)
+    );
+
+    // A view without an inbox has no first try to choose.
+    let (_db, filtered) = applier_db(Trail {
+        version: 1,
+        dedup: DedupMode::VersionFilter,
+    })
+    .await;
+    assert_eq!(filtered.first_try(), None);
+}

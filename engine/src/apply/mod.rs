@@ -31,6 +31,7 @@ mod rounds;
 pub mod types;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -107,6 +108,10 @@ pub struct Applier {
     /// sends to be new ([`InboxGuard::Fail`]); `None` (no inbox): the fast path runs
     /// `statement` too.
     fresh_statement: Option<String>,
+    /// A hint shared by the workers of every partition: the last batch met ids the inbox
+    /// had, so the next goes straight to `statement` instead of paying a failed first try;
+    /// cleared by a batch that meets none. Either statement is exact.
+    expect_duplicates: AtomicBool,
     metrics: ViewMetrics,
     /// Recorded on every offset this applier moves (`projector.offsets.committed_by`).
     owner: String,
@@ -155,6 +160,7 @@ impl Applier {
         Ok(Self {
             statement: compose_statement(&*projection),
             fresh_statement,
+            expect_duplicates: AtomicBool::new(false),
             subscribes: projection
                 .subscribes()
                 .iter()
@@ -204,6 +210,20 @@ impl Applier {
     /// The statement the fast path runs: the fresh-events one where the plan allows it.
     pub(crate) fn fast_statement(&self) -> &str {
         self.fresh_statement.as_deref().unwrap_or(&self.statement)
+    }
+
+    /// How the next batch's first try inserts its inbox rows: [`InboxGuard::Fail`] (a plain
+    /// insert, the rounds run again with `ON CONFLICT` if it meets an id the inbox has), or
+    /// [`InboxGuard::Skip`] (`ON CONFLICT` at once) after a batch met such ids, until a batch
+    /// meets none. `None` for a view without an inbox.
+    pub fn first_try(&self) -> Option<InboxGuard> {
+        self.fresh_statement.as_ref().map(|_| {
+            if self.expect_duplicates.load(Ordering::Relaxed) {
+                InboxGuard::Skip
+            } else {
+                InboxGuard::Fail
+            }
+        })
     }
 
     /// Whether an event goes to the view's statement.

@@ -10,6 +10,7 @@
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Transaction;
 use futures::future::try_join_all;
+use std::sync::atomic::Ordering;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
@@ -302,9 +303,16 @@ impl Applier {
         // The fast path's savepoint is opened in the same pipeline as the rounds and released
         // in the same pipeline as the bookkeeping: two round trips fewer per batch than
         // awaiting each, which matters most for the small batches of a live stream.
+        let plain_first = self.first_try() == Some(InboxGuard::Fail);
+        let first_statement = if plain_first {
+            self.fast_statement()
+        } else {
+            &self.statement
+        };
         let mut result = self
-            .run_rounds_pipelined(tx, work, &rounds, self.fast_statement(), true)
+            .run_rounds_pipelined(tx, work, &rounds, first_statement, true)
             .await;
+        let mut met_inbox = false;
         if let Err(first) = &result {
             tx.batch_execute(queries::ROLLBACK_BATCH_SAVEPOINT)
                 .await
@@ -315,7 +323,8 @@ impl Applier {
             // skips it.
             // Only a failure of that one takes the careful path, whose cost grows with the
             // rounds (a savepoint and a round trip each).
-            if self.fresh_statement.is_some() && is_inbox_conflict(first) {
+            if plain_first && is_inbox_conflict(first) {
+                met_inbox = true;
                 tracing::debug!(error = %first, "an id the inbox already has; the rounds again with ON CONFLICT");
                 result = self
                     .run_rounds_pipelined(tx, work, &rounds, &self.statement, false)
@@ -329,8 +338,19 @@ impl Applier {
         }
         match result {
             Ok(results) => {
+                let mut skipped = 0;
                 for (round, result) in rounds.iter().zip(results) {
+                    skipped += round
+                        .len()
+                        .saturating_sub(usize::try_from(result.0).unwrap_or(0));
                     self.count_statement(&mut work.counts, round.len(), result);
+                }
+                // Republished events come in runs (a relay resending what it sent before a
+                // crash): while they last, each batch runs once, with `ON CONFLICT`.
+                if met_inbox {
+                    self.expect_duplicates.store(true, Ordering::Relaxed);
+                } else if !plain_first && skipped == 0 {
+                    self.expect_duplicates.store(false, Ordering::Relaxed);
                 }
             }
             Err(first) => {
