@@ -34,6 +34,7 @@ mod review_fast_inbox_unordered;
 mod review_holes;
 mod review_holes_rebuild;
 mod review_round2;
+mod review_round3;
 mod support;
 mod views_conformance;
 mod views_golden;

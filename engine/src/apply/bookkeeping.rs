@@ -208,6 +208,19 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
         });
     }
 
+    // The batch's events that were applied (or ignored): emitted, not failed, not held back.
+    let applied: std::collections::HashSet<Item> = work
+        .accounts
+        .iter()
+        .flat_map(|acc| {
+            acc.plan
+                .emitted
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| !acc.failures.iter().any(|(f, _)| f == k))
+                .map(|(_, &(_, item))| item)
+        })
+        .collect();
     for acc in &work.accounts {
         for (k, error) in &acc.failures {
             let item = acc.plan.emitted[*k].1;
@@ -237,12 +250,16 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
         }
         let failed: std::collections::HashSet<usize> =
             acc.failures.iter().map(|(k, _)| *k).collect();
-        // A repeat of an id earlier in the batch was never sent: it holds its seq only if its
-        // first carrier did, and that one is in the list by itself. Counting the repeat would
-        // resolve the first carrier's own dead letter when that one failed.
+        // A repeat of an id earlier in the batch was never sent: it holds its seq as an inbox
+        // duplicate would, if its first carrier was applied (as when it comes in a later
+        // batch), and not if that one failed or was held back: an identical copy of a failed
+        // event would otherwise resolve the original's own dead letter.
         for (k, &(seq, item)) in acc.plan.emitted.iter().enumerate() {
-            if !failed.contains(&k) && !work.repeated.contains(&item) && work.event(item).is_some()
-            {
+            let holds = match work.carriers.get(&item) {
+                Some(carrier) => applied.contains(carrier),
+                None => true,
+            };
+            if !failed.contains(&k) && holds && work.event(item).is_some() {
                 rows.superseded.0.push(acc.account_id);
                 rows.superseded.1.push(seq);
             }

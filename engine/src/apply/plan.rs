@@ -119,6 +119,8 @@ pub(crate) struct Work<'b> {
     /// Emitted events whose event id an earlier emitted event of this batch already carries:
     /// one statement must not see an event twice, and the first one applies it.
     pub repeated: HashSet<Item>,
+    /// For each repeat, the event that carries its id first in the batch.
+    pub carriers: HashMap<Item, Item>,
     pub counts: Counts,
     /// This version is live and its view emits notices: events past the boundary may emit.
     pub live: bool,
@@ -143,6 +145,7 @@ impl<'b> Work<'b> {
             accounts: Vec::new(),
             conflicts: Vec::new(),
             repeated: HashSet::new(),
+            carriers: HashMap::new(),
             live: false,
             extra_accounts: Vec::new(),
             truncated: HashSet::new(),
@@ -369,43 +372,31 @@ impl<'b> Work<'b> {
         self.conflicts = conflicts;
     }
 
-    /// Marks emitted events whose id an earlier emitted event of the batch carries. Earlier
-    /// as received: the batch's events by offset, so that of two events sharing an id the
-    /// first is applied whatever the batch boundaries, and an event that waited for this
-    /// batch where the first batch event of its account is, before it (it is the older).
-    /// `sent` says whether an event goes to the view's statement at all.
+    /// Marks emitted events whose id an earlier emitted event of the batch carries (accounts
+    /// in order, each account's events in order), and remembers that first carrier. `sent`
+    /// says whether an event goes to the view's statement at all.
     pub(crate) fn mark_repeated_ids(&mut self, sent: &dyn Fn(&Event) -> bool) {
-        let mut candidates: Vec<((usize, usize, usize), Item, &str)> = Vec::new();
-        for (a, acc) in self.accounts.iter().enumerate() {
-            let anchor = acc
-                .plan
-                .emitted
-                .iter()
-                .filter_map(|&(_, item)| match item {
-                    Item::Batch(i) => Some(i),
-                    Item::Stored(_) => None,
-                })
-                .min()
-                .unwrap_or(usize::MAX);
-            for (k, &(_, item)) in acc.plan.emitted.iter().enumerate() {
+        let mut first: HashMap<&str, Item> = HashMap::new();
+        let mut repeated = HashSet::new();
+        let mut carriers = HashMap::new();
+        for acc in &self.accounts {
+            for &(_, item) in &acc.plan.emitted {
                 let Some(ev) = self.event(item) else { continue };
-                if sent(ev) {
-                    let at = match item {
-                        Item::Batch(i) => i,
-                        Item::Stored(_) => anchor,
-                    };
-                    candidates.push(((at, a, k), item, ev.event_id.as_str()));
+                if !sent(ev) {
+                    continue;
+                }
+                match first.entry(ev.event_id.as_str()) {
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        v.insert(item);
+                    }
+                    std::collections::hash_map::Entry::Occupied(o) => {
+                        repeated.insert(item);
+                        carriers.insert(item, *o.get());
+                    }
                 }
             }
         }
-        candidates.sort_unstable_by_key(|(order, _, _)| *order);
-        let mut seen: HashSet<&str> = HashSet::with_capacity(candidates.len());
-        let mut repeated = HashSet::new();
-        for (_, item, id) in candidates {
-            if !seen.insert(id) {
-                repeated.insert(item);
-            }
-        }
+        self.carriers = carriers;
         for &item in &repeated {
             self.counts.dup_inbox += 1;
             if let Item::Batch(i) = item {
