@@ -208,18 +208,11 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
         });
     }
 
-    // The batch's events that were applied (or ignored): emitted, not failed, not held back.
-    let applied: std::collections::HashSet<Item> = work
+    // The batch's events whose statement failed.
+    let failed_items: std::collections::HashSet<Item> = work
         .accounts
         .iter()
-        .flat_map(|acc| {
-            acc.plan
-                .emitted
-                .iter()
-                .enumerate()
-                .filter(|(k, _)| !acc.failures.iter().any(|(f, _)| f == k))
-                .map(|(_, &(_, item))| item)
-        })
+        .flat_map(|acc| acc.failures.iter().map(|(k, _)| acc.plan.emitted[*k].1))
         .collect();
     for acc in &work.accounts {
         for (k, error) in &acc.failures {
@@ -251,12 +244,12 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
         let failed: std::collections::HashSet<usize> =
             acc.failures.iter().map(|(k, _)| *k).collect();
         // A repeat of an id earlier in the batch was never sent: it holds its seq as an inbox
-        // duplicate would, if its first carrier was applied (as when it comes in a later
-        // batch), and not if that one failed or was held back: an identical copy of a failed
-        // event would otherwise resolve the original's own dead letter.
+        // duplicate does, unless its first carrier failed: an identical copy of a failed event
+        // would otherwise resolve the original's own dead letter. (A carrier held back to wait
+        // is applied when it drains; its repeat is its duplicate, as before.)
         for (k, &(seq, item)) in acc.plan.emitted.iter().enumerate() {
             let holds = match work.carriers.get(&item) {
-                Some(carrier) => applied.contains(carrier),
+                Some(carrier) => !failed_items.contains(carrier),
                 None => true,
             };
             if !failed.contains(&k) && holds && work.event(item).is_some() {
