@@ -36,6 +36,7 @@ mod review_holes_rebuild;
 mod review_round2;
 mod review_round3;
 mod review_round4;
+mod review_round5;
 mod support;
 mod views_conformance;
 mod views_golden;

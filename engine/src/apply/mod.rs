@@ -336,6 +336,7 @@ impl Applier {
         let mut more_to_drain: Vec<i64> = Vec::new();
         let (mut from, mut to) = (0, end);
         let mut drain_first: Vec<i64> = Vec::new();
+        let mut drained_for: Option<(usize, i64)> = None;
         let mut first = true;
         while from < end {
             let part = Batch {
@@ -394,7 +395,17 @@ impl Applier {
             self.plan(tx, &mut work, states).await?;
             let release = self.execute(tx, &mut work).await?;
             work.settle(self.ordered, &|e| self.sends(e));
-            if let (true, Some((cut, account))) = (release && !draining, work.split_point()) {
+            // A drain of the account first that did not move it (its failed event waits on
+            // something outside that pass) would be asked for again, forever: the second
+            // time, the part goes on without the split, the correction dropped as a
+            // duplicate, as a pass without `split_point` judges it.
+            let split = if release && !draining {
+                work.split_point()
+                    .filter(|&(cut, account)| !(cut == 0 && drained_for == Some((from, account))))
+            } else {
+                None
+            };
+            if let Some((cut, account)) = split {
                 tx.batch_execute(queries::UNDO_BATCH_SAVEPOINT)
                     .await
                     .map_err(self.db("undoing a pass"))?;
@@ -402,6 +413,7 @@ impl Applier {
                     // The failed event waited from an earlier batch and drains first, on its
                     // own; then this part runs again with its correction.
                     drain_first.push(account);
+                    drained_for = Some((from, account));
                 } else {
                     to = from + cut;
                 }

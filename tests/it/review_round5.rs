@@ -1,0 +1,164 @@
+//! Adversarial review of c1a0f98 (a repeat of an id earlier in the batch holds its
+//! `(account, seq)`, and so supersedes the open dead letters there, unless its first carrier
+//! failed; a carrier held back to wait counts as applied). Each test applies the same events
+//! in one batch and split over two, and compares the dead letters, the parks, the progress
+//! and the view's trails.
+//!
+//! It found two gaps older than all these reviews (`#[ignore]`d): a repeat of a carrier that
+//! waits and then fails when it drains is dropped, and a batch whose split asks to drain an
+//! account first that the drain cannot move looped forever (now fixed: the second time the
+//! part goes on without the split; `round5_a_drain_that_cannot_move_does_not_make_the_batch_loop`).
+
+use std::time::Duration;
+
+use crate::support::{applier_db, trail_of, Trail};
+use projector_engine::testkit::{fill, EventSpec, Partition};
+
+const AT: &str = "2026-12-01T10:15:00Z";
+
+fn f(account: i64, seq: i64, qty: &str) -> EventSpec {
+    fill(account, seq, AT, "EURUSD", "buy", qty, "1.5", "0")
+}
+
+/// Dead letters (offset, kind, resolution or "open"), parks (account, blocked seq),
+/// progress (account, last seq) of `trail_v1`, and the trails of accounts 1 to 3.
+type State = (
+    Vec<(i64, String, String)>,
+    Vec<(i64, i64)>,
+    Vec<(i64, i64)>,
+    Vec<Option<String>>,
+);
+
+async fn state(client: &deadpool_postgres::Client) -> State {
+    let dead = client
+        .query(
+            "SELECT \"offset\", kind, coalesce(resolution, 'open') FROM projector.dead_letters \
+             WHERE consumer = 'trail_v1' ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("dead letters")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let parks = client
+        .query(
+            "SELECT account_id, blocked_seq FROM projector.parked_accounts \
+             WHERE consumer = 'trail_v1' ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("parks")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let progress = client
+        .query(
+            "SELECT account_id, last_seq FROM projector.account_progress \
+             WHERE consumer = 'trail_v1' ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("progress")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut trails = Vec::new();
+    for account in 1..=3 {
+        trails.push(trail_of(client, account).await);
+    }
+    (dead, parks, progress, trails)
+}
+
+/// Applies `feed[..pre]` as one batch, then the rest as one batch and, in a fresh database,
+/// as batches split before each of `splits`. Returns both end states. Each batch must end
+/// within ten seconds.
+async fn one_batch_vs_split(feed: &[EventSpec], pre: usize, splits: &[usize]) -> [State; 2] {
+    let mut seen = Vec::new();
+    let end = feed.len();
+    let mut bounds = vec![pre];
+    bounds.extend_from_slice(splits);
+    bounds.push(end);
+    let split: Vec<(usize, usize)> = bounds.windows(2).map(|w| (w[0], w[1] - w[0])).collect();
+    for batches in [vec![(pre, end - pre)], split] {
+        let (db, applier) = applier_db(Trail::new(1)).await;
+        let mut client = db.client().await;
+        let log = Partition::from_events("fills", 0, feed);
+        if pre > 0 {
+            applier
+                .apply(&mut client, &log.batch(0, pre))
+                .await
+                .expect("first batch");
+        }
+        for (start, len) in batches {
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                applier.apply(&mut client, &log.batch(start as i64, len)),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("the batch at {start} ({len} events) did not end"))
+            .expect("batch");
+        }
+        seen.push(state(&client).await);
+    }
+    [seen[0].clone(), seen[1].clone()]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known gap, older than these reviews: a repeat of a carrier that waits and then fails is dropped"]
+async fn round5_a_held_back_carrier_that_fails_when_it_drains_whatever_the_batching() {
+    let feed = [
+        f(2, 1, "1000000").with_id("d"), // 0: fails (dead letter at account 2, seq 1)
+        f(1, 1, "1000000").with_id("p"), // 1: fails: account 1 holds back what follows
+        f(1, 2, "1000000").with_id("x"), // 2: held back behind 1; fails when it drains
+        f(2, 1, "2").with_id("x"),       // 3: x again, at account 2's seq 1
+        f(1, 1, "1").with_id("p"),       // 4: p corrected: account 1 drains, x fails
+    ];
+    // One event a batch: x at account 2 is applied (and supersedes d), x at account 1 is
+    // then the inbox's duplicate. In one batch x at account 2 is dropped as the repeat of a
+    // carrier that waits, supersedes d all the same, and the carrier then fails.
+    let [one, each] = one_batch_vs_split(&feed, 1, &[2, 3, 4]).await;
+    assert_eq!(
+        one, each,
+        "one batch vs one event a batch: (dead letters, parks, progress, trails)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known gap, older than these reviews: the outcome depends on the batching (the batch now ends: see the test below)"]
+async fn round5_a_repeat_before_the_correction_of_its_failing_waiting_carrier_ends() {
+    let feed = [
+        f(1, 1, "1000000").with_id("p"), // 0: fails: account 1 holds back what follows
+        f(1, 2, "1000000").with_id("x"), // 1: waits behind 0; fails when it drains
+        f(2, 1, "2").with_id("x"),       // 2: x again, another account
+        f(1, 1, "1").with_id("p"),       // 3: p corrected: account 1 drains, x fails
+    ];
+    // The second batch: x (stored, account 1) is the first carrier in account order and
+    // fails; its repeat is at the batch's index 0, so `split_point` asks to drain account 1
+    // first, which cannot go (the correction is not in that pass), and the part runs again.
+    let [one, two] = one_batch_vs_split(&feed, 0, &[2]).await;
+    assert_eq!(
+        one, two,
+        "one batch vs two: (dead letters, parks, progress, trails)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round5_a_drain_that_cannot_move_does_not_make_the_batch_loop() {
+    // The second batch of the test above: `split_point` asks to drain account 1 first (its
+    // failed first carrier of x waited from the first batch), the drain cannot move it (the
+    // correction is not in that pass), and the part used to run again and ask again,
+    // forever, inside the transaction: the view stopped for good. The second time the part
+    // now goes on without the split, and the batch ends (`one_batch_vs_split` gives each
+    // batch ten seconds).
+    let feed = [
+        f(1, 1, "1000000").with_id("p"),
+        f(1, 2, "1000000").with_id("x"),
+        f(2, 1, "2").with_id("x"),
+        f(1, 1, "1").with_id("p"),
+    ];
+    let [_, split] = one_batch_vs_split(&feed, 0, &[2]).await;
+    let (dead, _, _, trails) = split;
+    assert_eq!(trails[0].as_deref(), Some("1"), "p's correction applied");
+    assert!(!dead.is_empty(), "x's failure is dead-lettered: {dead:?}");
+}
