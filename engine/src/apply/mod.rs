@@ -336,7 +336,7 @@ impl Applier {
         let mut more_to_drain: Vec<i64> = Vec::new();
         let (mut from, mut to) = (0, end);
         let mut drain_first: Vec<i64> = Vec::new();
-        let mut drained_for: Option<(usize, i64)> = None;
+        let mut drained_for: HashSet<(usize, i64)> = HashSet::new();
         let mut first = true;
         while from < end {
             let part = Batch {
@@ -395,13 +395,13 @@ impl Applier {
             self.plan(tx, &mut work, states).await?;
             let release = self.execute(tx, &mut work).await?;
             work.settle(self.ordered, &|e| self.sends(e));
-            // A drain of the account first that did not move it (its failed event waits on
+            // A drain of an account first that did not move it (its failed event waits on
             // something outside that pass) would be asked for again, forever: the second
-            // time, the part goes on without the split, the correction dropped as a
+            // time for the same part and account, the part goes on without the split, the correction dropped as a
             // duplicate, as a pass without `split_point` judges it.
             let split = if release && !draining {
                 work.split_point()
-                    .filter(|&(cut, account)| !(cut == 0 && drained_for == Some((from, account))))
+                    .filter(|&(cut, account)| !(cut == 0 && drained_for.contains(&(from, account))))
             } else {
                 None
             };
@@ -413,7 +413,7 @@ impl Applier {
                     // The failed event waited from an earlier batch and drains first, on its
                     // own; then this part runs again with its correction.
                     drain_first.push(account);
-                    drained_for = Some((from, account));
+                    drained_for.insert((from, account));
                 } else {
                     to = from + cut;
                 }
