@@ -248,7 +248,7 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
         // would otherwise resolve the original's own dead letter. (A carrier held back to wait
         // is applied when it drains; its repeat is its duplicate, as before.)
         for (k, &(seq, item)) in acc.plan.emitted.iter().enumerate() {
-            let holds = match work.carriers.get(&item) {
+            let holds = match work.repeats.get(&item) {
                 Some(carrier) => !failed_items.contains(carrier),
                 None => true,
             };

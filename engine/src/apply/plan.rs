@@ -116,11 +116,10 @@ pub(crate) struct Work<'b> {
     pub accounts: Vec<AccountWork>,
     pub dispositions: Vec<Disposition>,
     pub conflicts: Vec<Conflict>,
-    /// Emitted events whose event id an earlier emitted event of this batch already carries:
-    /// one statement must not see an event twice, and the first one applies it.
-    pub repeated: HashSet<Item>,
-    /// For each repeat, the event that carries its id first in the batch.
-    pub carriers: HashMap<Item, Item>,
+    /// Emitted events whose event id an earlier emitted event of this batch already carries,
+    /// each with that first carrier: one statement must not see an event twice, and the
+    /// first one applies it.
+    pub repeats: HashMap<Item, Item>,
     pub counts: Counts,
     /// This version is live and its view emits notices: events past the boundary may emit.
     pub live: bool,
@@ -144,8 +143,7 @@ impl<'b> Work<'b> {
             stored: Vec::new(),
             accounts: Vec::new(),
             conflicts: Vec::new(),
-            repeated: HashSet::new(),
-            carriers: HashMap::new(),
+            repeats: HashMap::new(),
             live: false,
             extra_accounts: Vec::new(),
             truncated: HashSet::new(),
@@ -373,37 +371,34 @@ impl<'b> Work<'b> {
     }
 
     /// Marks emitted events whose id an earlier emitted event of the batch carries (accounts
-    /// in order, each account's events in order), and remembers that first carrier. `sent`
-    /// says whether an event goes to the view's statement at all.
+    /// in order, each account's events in order), with that first carrier. `sent` says
+    /// whether an event goes to the view's statement at all.
     pub(crate) fn mark_repeated_ids(&mut self, sent: &dyn Fn(&Event) -> bool) {
         let mut first: HashMap<&str, Item> = HashMap::new();
-        let mut repeated = HashSet::new();
-        let mut carriers = HashMap::new();
+        let mut repeats = HashMap::new();
         for acc in &self.accounts {
             for &(_, item) in &acc.plan.emitted {
                 let Some(ev) = self.event(item) else { continue };
-                if !sent(ev) {
-                    continue;
-                }
-                match first.entry(ev.event_id.as_str()) {
-                    std::collections::hash_map::Entry::Vacant(v) => {
-                        v.insert(item);
-                    }
-                    std::collections::hash_map::Entry::Occupied(o) => {
-                        repeated.insert(item);
-                        carriers.insert(item, *o.get());
+                if sent(ev) {
+                    let carrier = *first.entry(ev.event_id.as_str()).or_insert(item);
+                    if carrier != item {
+                        repeats.insert(item, carrier);
                     }
                 }
             }
         }
-        self.carriers = carriers;
-        for &item in &repeated {
+        for &item in repeats.keys() {
             self.counts.dup_inbox += 1;
             if let Item::Batch(i) = item {
                 self.dispositions[i] = Disposition::Duplicate;
             }
         }
-        self.repeated = repeated;
+        self.repeats = repeats;
+    }
+
+    /// An emitted event whose id an earlier one of the batch carries: never sent.
+    pub(crate) fn is_repeat(&self, item: Item) -> bool {
+        self.repeats.contains_key(&item)
     }
 
     /// Folds statement failures into each account's plan and fills in the dispositions and
@@ -429,7 +424,7 @@ impl<'b> Work<'b> {
                     if let Item::Batch(i) = item {
                         self.dispositions[i] = Disposition::Waiting;
                     }
-                    if self.repeated.contains(&item) {
+                    if self.is_repeat(item) {
                         // Counted as a duplicate, but it waits: it is judged when it drains.
                         uncounted_repeats += 1;
                     }
@@ -660,7 +655,10 @@ mod tests {
         let mut w = Work::new(&b, decoded(&b));
         w.sequence(HashMap::new(), true);
         w.mark_repeated_ids(&all);
-        assert_eq!(w.repeated, [Item::Batch(1)].into());
+        assert_eq!(
+            w.repeats.keys().copied().collect::<Vec<_>>(),
+            [Item::Batch(1)]
+        );
         assert_eq!(w.counts.dup_inbox, 1);
         assert_eq!(w.dispositions[1], Disposition::Duplicate);
     }
