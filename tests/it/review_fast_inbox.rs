@@ -13,7 +13,9 @@
 
 use std::sync::Arc;
 
-use crate::support::{applier_db, eventually, kinds, offsets, trail_of, Tally, Trail};
+use crate::support::{
+    applier_db, kinds, lock_waiters, offsets, spawn_apply, trail_of, Tally, Trail,
+};
 use projector_engine::testkit::{cash, fill, EventSpec, Partition};
 use projector_engine::{Applier, Batch, BatchOutcome, DedupMode, Disposition};
 
@@ -251,26 +253,9 @@ async fn fast_inbox_concurrent_writers_reusing_an_id_apply_it_once() {
             .await
             .expect("A");
         assert_eq!(kinds(&held), [Applied]);
-        let b_task = {
-            let (applier, pool, batch) = (applier.clone(), db.pool().clone(), p1.batch(0, 10));
-            tokio::spawn(async move {
-                let mut b = pool.get().await.expect("b");
-                applier.apply(&mut b, &batch).await.expect("B")
-            })
-        };
+        let b_task = spawn_apply(&applier, &db, p1.batch(0, 10));
         let observer = db.client().await;
-        eventually(
-            "B waiting on A's inbox row",
-            || {
-                one(
-                    &observer,
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                     AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
-                )
-            },
-            |blocked| *blocked > 0,
-        )
-        .await;
+        lock_waiters(&observer, 1).await;
         if a_commits {
             tx.commit().await.expect("commit A");
         } else {
@@ -504,26 +489,9 @@ async fn fast_inbox_an_order_independent_view_waits_on_a_concurrent_writer_of_th
             .await
             .expect("A");
         assert_eq!(kinds(&held), [Applied]);
-        let b_task = {
-            let (applier, pool, batch) = (applier.clone(), db.pool().clone(), p1.batch(0, 10));
-            tokio::spawn(async move {
-                let mut b = pool.get().await.expect("b");
-                applier.apply(&mut b, &batch).await.expect("B")
-            })
-        };
+        let b_task = spawn_apply(&applier, &db, p1.batch(0, 10));
         let observer = db.client().await;
-        eventually(
-            "B waiting on A's inbox row",
-            || {
-                one(
-                    &observer,
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                     AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
-                )
-            },
-            |blocked| *blocked > 0,
-        )
-        .await;
+        lock_waiters(&observer, 1).await;
         if a_commits {
             tx.commit().await.expect("commit A");
         } else {

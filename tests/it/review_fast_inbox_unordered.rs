@@ -22,7 +22,7 @@
 
 use std::sync::Arc;
 
-use crate::support::{eventually, kinds, offsets, rows, tally_fold, Tally};
+use crate::support::{kinds, lock_waiters, offsets, rows, spawn_apply, tally_fold, Tally};
 use projector_engine::testkit::{cash, fill, EventSpec, Partition, TestDb};
 use projector_engine::{
     Applier, ApplySql, Batch, BatchOutcome, DedupMode, Disposition, Field, Projection, Registry,
@@ -706,26 +706,9 @@ async fn unordered_inbox_a_concurrent_writer_of_the_same_id_beside_a_failing_eve
                 .await
                 .expect("A");
             assert_eq!(kinds(&held), [Applied]);
-            let b_task = {
-                let (applier, pool, batch) = (applier.clone(), db.pool().clone(), p1.batch(0, 10));
-                tokio::spawn(async move {
-                    let mut b = pool.get().await.expect("b");
-                    applier.apply(&mut b, &batch).await.expect("B")
-                })
-            };
+            let b_task = spawn_apply(&applier, &db, p1.batch(0, 10));
             let observer = db.client().await;
-            eventually(
-                "B waiting on A's inbox row",
-                || {
-                    one(
-                        &observer,
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                         AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
-                    )
-                },
-                |blocked| *blocked > 0,
-            )
-            .await;
+            lock_waiters(&observer, 1).await;
             if a_commits {
                 tx.commit().await.expect("commit A");
             } else {
@@ -759,34 +742,6 @@ async fn unordered_inbox_a_concurrent_writer_of_the_same_id_beside_a_failing_eve
             );
         }
     }
-}
-
-/// Waits until `n` backends of the test database wait on a lock.
-async fn lock_waiters(observer: &deadpool_postgres::Client, n: i64) {
-    eventually(
-        "backends waiting on a lock",
-        || {
-            one(
-                observer,
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                 AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
-            )
-        },
-        |blocked| *blocked >= n,
-    )
-    .await;
-}
-
-fn spawn_apply(
-    applier: &Arc<Applier>,
-    db: &TestDb,
-    batch: Batch,
-) -> tokio::task::JoinHandle<BatchOutcome> {
-    let (applier, pool) = (applier.clone(), db.pool().clone());
-    tokio::spawn(async move {
-        let mut c = pool.get().await.expect("client");
-        applier.apply(&mut c, &batch).await.expect("apply")
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

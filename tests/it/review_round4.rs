@@ -30,8 +30,8 @@
 //! first carrier fails (the reviewer's suggestion: extend `Work::split_point` to any such
 //! repeat), which these reviews did not get to.
 
-use crate::support::{applier_db, Trail};
-use projector_engine::testkit::{fill, EventSpec, Partition};
+use crate::support::one_batch_vs_split;
+use projector_engine::testkit::{fill, EventSpec};
 
 const AT: &str = "2026-11-30T10:15:00Z";
 
@@ -39,72 +39,16 @@ fn f(account: i64, seq: i64, qty: &str) -> EventSpec {
     fill(account, seq, AT, "EURUSD", "buy", qty, "1.5", "0")
 }
 
-/// Dead letters (offset, kind, resolution or "open"), parks (account, blocked seq) and
-/// progress (account, last seq) of `trail_v1`.
-type State = (Vec<(i64, String, String)>, Vec<(i64, i64)>, Vec<(i64, i64)>);
-
-async fn state(client: &deadpool_postgres::Client) -> State {
-    let dead = client
-        .query(
-            "SELECT \"offset\", kind, coalesce(resolution, 'open') FROM projector.dead_letters \
-             WHERE consumer = 'trail_v1' ORDER BY 1",
-            &[],
-        )
+/// The end states of `feed` applied in one batch and split before `split`, as
+/// [`one_batch_vs_split`] gives them, without the trails: (dead letters, parks, progress).
+async fn one_batch_vs_two(
+    feed: &[EventSpec],
+    pre: usize,
+    split: usize,
+) -> [(Vec<(i64, String, String)>, Vec<(i64, i64)>, Vec<(i64, i64)>); 2] {
+    one_batch_vs_split(feed, pre, &[split])
         .await
-        .expect("dead letters")
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
-    let parks = client
-        .query(
-            "SELECT account_id, blocked_seq FROM projector.parked_accounts \
-             WHERE consumer = 'trail_v1' ORDER BY 1",
-            &[],
-        )
-        .await
-        .expect("parks")
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    let progress = client
-        .query(
-            "SELECT account_id, last_seq FROM projector.account_progress \
-             WHERE consumer = 'trail_v1' ORDER BY 1",
-            &[],
-        )
-        .await
-        .expect("progress")
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    (dead, parks, progress)
-}
-
-/// Applies `feed[..pre]` as one batch, then the rest as one batch and, in a fresh database,
-/// split before `split`. Returns both end states.
-async fn one_batch_vs_two(feed: &[EventSpec], pre: usize, split: usize) -> [State; 2] {
-    let mut seen = Vec::new();
-    let end = feed.len();
-    for batches in [
-        vec![(pre, end - pre)],
-        vec![(pre, split - pre), (split, end - split)],
-    ] {
-        let (db, applier) = applier_db(Trail::new(1)).await;
-        let mut client = db.client().await;
-        let log = Partition::from_events("fills", 0, feed);
-        applier
-            .apply(&mut client, &log.batch(0, pre))
-            .await
-            .expect("first batch");
-        for (start, len) in batches {
-            applier
-                .apply(&mut client, &log.batch(start as i64, len))
-                .await
-                .expect("batch");
-        }
-        seen.push(state(&client).await);
-    }
-    [seen[0].clone(), seen[1].clone()]
+        .map(|(dead, parks, progress, _)| (dead, parks, progress))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

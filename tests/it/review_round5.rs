@@ -9,99 +9,13 @@
 //! account first that the drain cannot move looped forever (now fixed: the second time the
 //! part goes on without the split; `round5_a_drain_that_cannot_move_does_not_make_the_batch_loop`).
 
-use std::time::Duration;
-
-use crate::support::{applier_db, trail_of, Trail};
-use projector_engine::testkit::{fill, EventSpec, Partition};
+use crate::support::one_batch_vs_split;
+use projector_engine::testkit::{fill, EventSpec};
 
 const AT: &str = "2026-12-01T10:15:00Z";
 
 fn f(account: i64, seq: i64, qty: &str) -> EventSpec {
     fill(account, seq, AT, "EURUSD", "buy", qty, "1.5", "0")
-}
-
-/// Dead letters (offset, kind, resolution or "open"), parks (account, blocked seq),
-/// progress (account, last seq) of `trail_v1`, and the trails of accounts 1 to 3.
-type State = (
-    Vec<(i64, String, String)>,
-    Vec<(i64, i64)>,
-    Vec<(i64, i64)>,
-    Vec<Option<String>>,
-);
-
-async fn state(client: &deadpool_postgres::Client) -> State {
-    let dead = client
-        .query(
-            "SELECT \"offset\", kind, coalesce(resolution, 'open') FROM projector.dead_letters \
-             WHERE consumer = 'trail_v1' ORDER BY 1",
-            &[],
-        )
-        .await
-        .expect("dead letters")
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
-    let parks = client
-        .query(
-            "SELECT account_id, blocked_seq FROM projector.parked_accounts \
-             WHERE consumer = 'trail_v1' ORDER BY 1",
-            &[],
-        )
-        .await
-        .expect("parks")
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    let progress = client
-        .query(
-            "SELECT account_id, last_seq FROM projector.account_progress \
-             WHERE consumer = 'trail_v1' ORDER BY 1",
-            &[],
-        )
-        .await
-        .expect("progress")
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    let mut trails = Vec::new();
-    for account in 1..=3 {
-        trails.push(trail_of(client, account).await);
-    }
-    (dead, parks, progress, trails)
-}
-
-/// Applies `feed[..pre]` as one batch, then the rest as one batch and, in a fresh database,
-/// as batches split before each of `splits`. Returns both end states. Each batch must end
-/// within ten seconds.
-async fn one_batch_vs_split(feed: &[EventSpec], pre: usize, splits: &[usize]) -> [State; 2] {
-    let mut seen = Vec::new();
-    let end = feed.len();
-    let mut bounds = vec![pre];
-    bounds.extend_from_slice(splits);
-    bounds.push(end);
-    let split: Vec<(usize, usize)> = bounds.windows(2).map(|w| (w[0], w[1] - w[0])).collect();
-    for batches in [vec![(pre, end - pre)], split] {
-        let (db, applier) = applier_db(Trail::new(1)).await;
-        let mut client = db.client().await;
-        let log = Partition::from_events("fills", 0, feed);
-        if pre > 0 {
-            applier
-                .apply(&mut client, &log.batch(0, pre))
-                .await
-                .expect("first batch");
-        }
-        for (start, len) in batches {
-            tokio::time::timeout(
-                Duration::from_secs(10),
-                applier.apply(&mut client, &log.batch(start as i64, len)),
-            )
-            .await
-            .unwrap_or_else(|_| panic!("the batch at {start} ({len} events) did not end"))
-            .expect("batch");
-        }
-        seen.push(state(&client).await);
-    }
-    [seen[0].clone(), seen[1].clone()]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -379,3 +379,124 @@ pub async fn trail_of(client: &deadpool_postgres::Client, account: i64) -> Optio
         .expect("trail")
         .map(|r| r.get(0))
 }
+
+/// Dead letters (offset, kind, resolution or "open"), parks (account, blocked seq),
+/// progress (account, last seq) of `trail_v1`, and the trails of accounts 1 to 3.
+pub type TrailState = (
+    Vec<(i64, String, String)>,
+    Vec<(i64, i64)>,
+    Vec<(i64, i64)>,
+    Vec<Option<String>>,
+);
+
+pub async fn trail_state(client: &deadpool_postgres::Client) -> TrailState {
+    let dead = client
+        .query(
+            "SELECT \"offset\", kind, coalesce(resolution, 'open') FROM projector.dead_letters \
+             WHERE consumer = 'trail_v1' ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("dead letters")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let parks = client
+        .query(
+            "SELECT account_id, blocked_seq FROM projector.parked_accounts \
+             WHERE consumer = 'trail_v1' ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("parks")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let progress = client
+        .query(
+            "SELECT account_id, last_seq FROM projector.account_progress \
+             WHERE consumer = 'trail_v1' ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("progress")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut trails = Vec::new();
+    for account in 1..=3 {
+        trails.push(trail_of(client, account).await);
+    }
+    (dead, parks, progress, trails)
+}
+
+/// Applies `feed[..pre]` as one batch, then the rest as one batch and, in a fresh database,
+/// as batches split before each of `splits`. Returns both end states. Each batch must end
+/// within ten seconds.
+pub async fn one_batch_vs_split(
+    feed: &[EventSpec],
+    pre: usize,
+    splits: &[usize],
+) -> [TrailState; 2] {
+    let mut seen = Vec::new();
+    let end = feed.len();
+    let mut bounds = vec![pre];
+    bounds.extend_from_slice(splits);
+    bounds.push(end);
+    let split: Vec<(usize, usize)> = bounds.windows(2).map(|w| (w[0], w[1] - w[0])).collect();
+    for batches in [vec![(pre, end - pre)], split] {
+        let (db, applier) = applier_db(Trail::new(1)).await;
+        let mut client = db.client().await;
+        let log = projector_engine::testkit::Partition::from_events("fills", 0, feed);
+        if pre > 0 {
+            applier
+                .apply(&mut client, &log.batch(0, pre))
+                .await
+                .expect("first batch");
+        }
+        for (start, len) in batches {
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                applier.apply(&mut client, &log.batch(start as i64, len)),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("the batch at {start} ({len} events) did not end"))
+            .expect("batch");
+        }
+        seen.push(trail_state(&client).await);
+    }
+    [seen[0].clone(), seen[1].clone()]
+}
+
+/// Waits until `n` backends of the test database wait on a lock.
+pub async fn lock_waiters(observer: &deadpool_postgres::Client, n: i64) {
+    eventually(
+        "backends waiting on a lock",
+        || async {
+            observer
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                     AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+                    &[],
+                )
+                .await
+                .expect("pg_stat_activity")
+                .get::<_, i64>(0)
+        },
+        |blocked| *blocked >= n,
+    )
+    .await;
+}
+
+/// Applies `batch` on a connection of its own, in a task.
+pub fn spawn_apply(
+    applier: &std::sync::Arc<projector_engine::Applier>,
+    db: &projector_engine::testkit::TestDb,
+    batch: projector_engine::Batch,
+) -> tokio::task::JoinHandle<projector_engine::BatchOutcome> {
+    let (applier, pool) = (applier.clone(), db.pool().clone());
+    tokio::spawn(async move {
+        let mut c = pool.get().await.expect("client");
+        applier.apply(&mut c, &batch).await.expect("apply")
+    })
+}
