@@ -786,10 +786,6 @@ async fn unordered_inbox_a_writer_whose_first_try_rolls_back_frees_the_id_it_hel
         } else {
             all.push(f(2, 1, "4").with_id("s"));
         }
-        eprintln!(
-            "{ordering:?}: s applied by {}",
-            if a.applied == 1 { "A" } else { "B" }
-        );
         assert_eq!(rows(&observer, "tally_v1").await, tally_fold(&all));
         assert_eq!(
             one(
