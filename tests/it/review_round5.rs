@@ -76,3 +76,31 @@ async fn round5_a_drain_that_cannot_move_does_not_make_the_batch_loop() {
     assert_eq!(trails[0].as_deref(), Some("1"), "p's correction applied");
     assert!(!dead.is_empty(), "x's failure is dead-lettered: {dead:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round5_two_drains_that_cannot_move_do_not_make_the_batch_loop() {
+    // The case above twice in one batch, for two accounts: each reused id's first carrier
+    // waited from the first batch and fails when it drains, and the repeats open the second
+    // batch. The batch ends (without the guard it does not), both corrections apply and both
+    // failures are dead-lettered. Only account 1's drain is asked for: `split_point` names
+    // the first repeat's carrier, and a drain that moves nothing leaves it the same answer,
+    // so two accounts never take turns (a guard remembering only the last drain passes too).
+    let feed = [
+        f(1, 1, "1000000").with_id("p"),
+        f(1, 2, "1000000").with_id("x"),
+        f(3, 1, "1000000").with_id("q"),
+        f(3, 2, "1000000").with_id("y"),
+        f(2, 1, "2").with_id("x"),
+        f(2, 2, "3").with_id("y"),
+        f(1, 1, "1").with_id("p"),
+        f(3, 1, "1").with_id("q"),
+    ];
+    let [_, split] = one_batch_vs_split(&feed, 0, &[4]).await;
+    let (dead, _, _, trails) = split;
+    assert_eq!(trails[0].as_deref(), Some("1"), "p's correction applied");
+    assert_eq!(trails[2].as_deref(), Some("1"), "q's correction applied");
+    assert!(
+        dead.len() >= 2,
+        "x's and y's failures are dead-lettered: {dead:?}"
+    );
+}
