@@ -40,6 +40,7 @@ pub enum Dlq {
         by: Option<String>,
     },
     /// Give a dead letter up, recorded with who and why; its account resumes after its seq.
+    /// Refused while the account has not reached that seq yet (it would park there later).
     Skip {
         /// The dead letter's id.
         id: i64,
@@ -313,6 +314,15 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
                     );
                 }
                 _ => {
+                    if let (Some(account), Some(seq)) = (account, seq) {
+                        if let Some(next) =
+                            still_ahead(&client, registry, &consumer, account, seq).await?
+                        {
+                            bail!(
+                                "dead letter {id} holds seq {seq} of account {account}, which has not reached it (it waits for seq {next}); skipped now, nothing would be recorded and the account would park at seq {seq} later: skip it once `projector parked list` shows the account parked there"
+                            );
+                        }
+                    }
                     client
                         .execute(
                             "UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'skipped', \
@@ -326,6 +336,38 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
         }
     }
     Ok(())
+}
+
+/// The `seq` an account waits for, when a dead letter's `seq` is still ahead of it in an
+/// order-dependent view version that is not retired. Skipping such a dead letter would only
+/// resolve it: no skip is recorded (the account is not parked at that `seq`), and once the
+/// account reaches it, it parks there. `None` when the `seq` is behind the account (a
+/// conflict's dead letter: the `seq` was applied with another event), for an
+/// order-independent view, or a version this binary or the registry no longer serves.
+async fn still_ahead(
+    client: &Client,
+    registry: &Registry,
+    consumer: &str,
+    account: i64,
+    seq: i64,
+) -> anyhow::Result<Option<i64>> {
+    let Ok(applier) = applier_of(registry, consumer) else {
+        return Ok(None);
+    };
+    if applier.projection().order_independent() {
+        return Ok(None);
+    }
+    let next: Option<i64> = client
+        .query_opt(
+            "SELECT greatest(coalesce(p.last_seq, 0), coalesce(p.watermark_seq, 0)) + 1 \
+             FROM projector.views v \
+             LEFT JOIN projector.account_progress p ON p.consumer = v.consumer AND p.account_id = $2 \
+             WHERE v.consumer = $1 AND v.state <> 'retired'",
+            &[&consumer, &account],
+        )
+        .await?
+        .map(|r| r.get(0));
+    Ok(next.filter(|&next| seq >= next))
 }
 
 async fn consumer_of_dead_letter(client: &Client, id: i64) -> anyhow::Result<String> {

@@ -287,3 +287,91 @@ async fn the_commands_list_show_retry_and_skip() {
         "each skip recorded"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_ahead_of_its_account_is_not_skipped_until_the_account_reaches_it() {
+    let registry = projector_views::registry().expect("registry");
+    let db = TestDb::new(&registry).await;
+    let view = registry
+        .select(&["portfolio".to_owned()])
+        .expect("portfolio")[0]
+        .clone();
+    let applier = Applier::new(view, SourceOrdering::PerAccount).expect("applier");
+    let mut client = db.client().await;
+    let fp = |seq, qty: &str| fill(9, seq, AT, "EURUSD", "buy", qty, "1.1", "0");
+    // Account 9: seq 1, seq 2 lost (a gap), seq 3 poison (side "hold").
+    let mut log = Partition::new("fills", 0);
+    log.push_event(&fp(1, "1"));
+    let mut bad = fp(3, "3");
+    bad.data["side"] = serde_json::json!("hold");
+    log.push_event(&bad);
+    applier
+        .apply(&mut client, &log.batch(0, 10))
+        .await
+        .expect("batch");
+    let id = one(&client, "SELECT id FROM projector.dead_letters").await;
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_projector"))
+            .args(args)
+            .args(["--database-url", db.url()])
+            .output()
+            .expect("run projector");
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let skip = [
+        "dlq",
+        "skip",
+        &id.to_string(),
+        "--reason",
+        "bad side",
+        "--by",
+        "carol",
+    ];
+
+    // The account waits for seq 2: skipping seq 3 now would record nothing, and the account
+    // would park at it later. Refused in one line, the dead letter left open.
+    let (status, stderr) = cli(&skip);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("waits for seq 2"), "{stderr}");
+    assert_eq!(
+        one(
+            &client,
+            "SELECT count(*) FROM projector.dead_letters WHERE resolved_at IS NULL"
+        )
+        .await,
+        1
+    );
+
+    // Seq 2 arrives: the account applies it and parks at seq 3, its dead letter. Now the
+    // skip goes through, recorded, and the account resumes past it.
+    log.push_event(&fp(2, "2"));
+    log.push_event(&fp(4, "4"));
+    applier
+        .apply(&mut client, &log.batch(2, 10))
+        .await
+        .expect("batch");
+    let (status, stderr) = cli(&skip);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        one(
+            &client,
+            "SELECT count(*) FROM projector.skips WHERE account_id = 9 AND seq = 3"
+        )
+        .await,
+        1,
+        "the skip is recorded"
+    );
+    assert_eq!(
+        one(
+            &client,
+            "SELECT version FROM portfolio WHERE account_id = 9"
+        )
+        .await,
+        4,
+        "the account resumed past seq 3"
+    );
+}
