@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use deadpool_postgres::Client;
+use projector_engine::apply::DeadLetterSkip;
 use projector_engine::event::safe_text;
 use projector_engine::{Applier, Registry, SourceOrdering};
 
@@ -40,7 +41,7 @@ pub enum Dlq {
         by: Option<String>,
     },
     /// Give a dead letter up, recorded with who and why; its account resumes after its seq.
-    /// Refused while the account has not reached that seq yet (it would park there later).
+    /// Refused while the account waits for a lower seq (it would stop at this one later).
     Skip {
         /// The dead letter's id.
         id: i64,
@@ -286,88 +287,46 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
         }
         Dlq::Skip { id, reason, by } => {
             let consumer = consumer_of_dead_letter(&client, id).await?;
-            let row = client
-                .query_one(
-                    "SELECT d.account_id, d.seq, d.resolved_at IS NOT NULL, k.blocked_seq \
-                     FROM projector.dead_letters d \
-                     LEFT JOIN projector.parked_accounts k ON k.consumer = d.consumer AND k.account_id = d.account_id \
-                     WHERE d.id = $1",
-                    &[&id],
-                )
-                .await?;
-            if row.get::<_, bool>(2) {
-                bail!("dead letter {id} is resolved already");
-            }
-            let (account, seq, blocked): (Option<i64>, Option<i64>, Option<i64>) =
-                (row.get(0), row.get(1), row.get(3));
             let by = who(by);
-            match (account, seq) {
-                (Some(account), Some(seq)) if blocked == Some(seq) => {
-                    let applier = applier_of(registry, &consumer)?;
-                    let mut counts = applier
-                        .skip_seq(&mut client, account, seq, &by, &reason)
-                        .await?;
-                    counts += &drain(&applier, &mut client, account).await?;
-                    println!(
-                        "dead letter {id} skipped; account {account} resumes after seq {seq}: {} event(s) applied",
-                        counts.applied
-                    );
-                }
-                _ => {
-                    if let (Some(account), Some(seq)) = (account, seq) {
-                        if let Some(next) =
-                            still_ahead(&client, registry, &consumer, account, seq).await?
-                        {
-                            bail!(
-                                "dead letter {id} holds seq {seq} of account {account}, which has not reached it (it waits for seq {next}); skipped now, nothing would be recorded and the account would park at seq {seq} later: skip it once `projector parked list` shows the account parked there"
-                            );
-                        }
+            match applier_of(registry, &consumer) {
+                Ok(applier) => match applier
+                    .skip_dead_letter(&mut client, id, &by, &reason)
+                    .await?
+                {
+                    DeadLetterSkip::Resumed {
+                        account,
+                        seq,
+                        mut counts,
+                    } => {
+                        counts += &drain(&applier, &mut client, account).await?;
+                        println!(
+                            "dead letter {id} skipped; account {account} resumes after seq {seq}: {} event(s) applied",
+                            counts.applied
+                        );
                     }
-                    client
+                    DeadLetterSkip::Resolved => {
+                        println!("dead letter {id} skipped (it blocks no account)");
+                    }
+                },
+                // A version this binary cannot build (its code is gone): nothing of it runs
+                // any more, so the dead letter is only resolved.
+                Err(e) => {
+                    let resolved = client
                         .execute(
                             "UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'skipped', \
                                  resolved_by = $2, resolution_note = $3 WHERE id = $1 AND resolved_at IS NULL",
                             &[&id, &by, &reason],
                         )
                         .await?;
-                    println!("dead letter {id} skipped (it blocks no account)");
+                    if resolved == 0 {
+                        bail!("dead letter {id} is resolved already");
+                    }
+                    println!("dead letter {id} skipped (resolved only: {e})");
                 }
             }
         }
     }
     Ok(())
-}
-
-/// The `seq` an account waits for, when a dead letter's `seq` is still ahead of it in an
-/// order-dependent view version that is not retired. Skipping such a dead letter would only
-/// resolve it: no skip is recorded (the account is not parked at that `seq`), and once the
-/// account reaches it, it parks there. `None` when the `seq` is behind the account (a
-/// conflict's dead letter: the `seq` was applied with another event), for an
-/// order-independent view, or a version this binary or the registry no longer serves.
-async fn still_ahead(
-    client: &Client,
-    registry: &Registry,
-    consumer: &str,
-    account: i64,
-    seq: i64,
-) -> anyhow::Result<Option<i64>> {
-    let Ok(applier) = applier_of(registry, consumer) else {
-        return Ok(None);
-    };
-    if applier.projection().order_independent() {
-        return Ok(None);
-    }
-    let next: Option<i64> = client
-        .query_opt(
-            "SELECT greatest(coalesce(p.last_seq, 0), coalesce(p.watermark_seq, 0)) + 1 \
-             FROM projector.views v \
-             LEFT JOIN projector.account_progress p ON p.consumer = v.consumer AND p.account_id = $2 \
-             WHERE v.consumer = $1 AND v.state <> 'retired'",
-            &[&consumer, &account],
-        )
-        .await?
-        .map(|r| r.get(0));
-    Ok(next.filter(|&next| seq >= next))
 }
 
 async fn consumer_of_dead_letter(client: &Client, id: i64) -> anyhow::Result<String> {

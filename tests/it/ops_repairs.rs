@@ -288,73 +288,90 @@ async fn the_commands_list_show_retry_and_skip() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_letter_ahead_of_its_account_is_not_skipped_until_the_account_reaches_it() {
+/// `projector dlq skip <id>` against the test database: exit status, stdout, stderr.
+fn dlq_skip(db: &TestDb, id: i64) -> (std::process::ExitStatus, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_projector"))
+        .args([
+            "dlq",
+            "skip",
+            &id.to_string(),
+            "--reason",
+            "bad",
+            "--by",
+            "carol",
+        ])
+        .args(["--database-url", db.url()])
+        .output()
+        .expect("run projector");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A portfolio applier over a fresh database, and a fill of account 9 (`side "hold"`:
+/// poison).
+async fn portfolio_db() -> (TestDb, Applier) {
     let registry = projector_views::registry().expect("registry");
     let db = TestDb::new(&registry).await;
     let view = registry
         .select(&["portfolio".to_owned()])
         .expect("portfolio")[0]
         .clone();
-    let applier = Applier::new(view, SourceOrdering::PerAccount).expect("applier");
+    (
+        db,
+        Applier::new(view, SourceOrdering::PerAccount).expect("applier"),
+    )
+}
+
+fn f9(seq: i64, side: &str) -> EventSpec {
+    fill(9, seq, AT, "EURUSD", side, "1", "1.1", "0")
+}
+
+async fn open_dead_letters(client: &deadpool_postgres::Client) -> i64 {
+    one(
+        client,
+        "SELECT count(*) FROM projector.dead_letters WHERE resolved_at IS NULL",
+    )
+    .await
+}
+
+async fn version_of_9(client: &deadpool_postgres::Client) -> i64 {
+    one(client, "SELECT version FROM portfolio WHERE account_id = 9").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_ahead_of_its_account_is_not_skipped_until_the_account_reaches_it() {
+    let (db, applier) = portfolio_db().await;
     let mut client = db.client().await;
-    let fp = |seq, qty: &str| fill(9, seq, AT, "EURUSD", "buy", qty, "1.1", "0");
-    // Account 9: seq 1, seq 2 lost (a gap), seq 3 poison (side "hold").
+    // Account 9: seq 1, seq 2 lost (a gap), seq 3 poison.
     let mut log = Partition::new("fills", 0);
-    log.push_event(&fp(1, "1"));
-    let mut bad = fp(3, "3");
-    bad.data["side"] = serde_json::json!("hold");
-    log.push_event(&bad);
+    log.push_event(&f9(1, "buy"));
+    log.push_event(&f9(3, "hold"));
     applier
         .apply(&mut client, &log.batch(0, 10))
         .await
         .expect("batch");
     let id = one(&client, "SELECT id FROM projector.dead_letters").await;
-    let cli = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_projector"))
-            .args(args)
-            .args(["--database-url", db.url()])
-            .output()
-            .expect("run projector");
-        (
-            out.status,
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
-    let skip = [
-        "dlq",
-        "skip",
-        &id.to_string(),
-        "--reason",
-        "bad side",
-        "--by",
-        "carol",
-    ];
 
     // The account waits for seq 2: skipping seq 3 now would record nothing, and the account
-    // would park at it later. Refused in one line, the dead letter left open.
-    let (status, stderr) = cli(&skip);
+    // would stop at it later. Refused in one line, the dead letter left open.
+    let (status, _, stderr) = dlq_skip(&db, id);
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("waits for seq 2"), "{stderr}");
-    assert_eq!(
-        one(
-            &client,
-            "SELECT count(*) FROM projector.dead_letters WHERE resolved_at IS NULL"
-        )
-        .await,
-        1
-    );
+    assert!(stderr.contains("waits for seq 2 first"), "{stderr}");
+    assert_eq!(open_dead_letters(&client).await, 1);
 
-    // Seq 2 arrives: the account applies it and parks at seq 3, its dead letter. Now the
-    // skip goes through, recorded, and the account resumes past it.
-    log.push_event(&fp(2, "2"));
-    log.push_event(&fp(4, "4"));
+    // Seq 2 arrives: applied, and the account parks at seq 3, its dead letter. Now the skip
+    // goes through, recorded, and the account resumes past it.
+    log.push_event(&f9(2, "buy"));
+    log.push_event(&f9(4, "buy"));
     applier
         .apply(&mut client, &log.batch(2, 10))
         .await
         .expect("batch");
-    let (status, stderr) = cli(&skip);
+    let (status, _, stderr) = dlq_skip(&db, id);
     assert!(status.success(), "{stderr}");
     assert_eq!(
         one(
@@ -365,13 +382,87 @@ async fn a_dead_letter_ahead_of_its_account_is_not_skipped_until_the_account_rea
         1,
         "the skip is recorded"
     );
+    assert_eq!(version_of_9(&client).await, 4, "resumed past seq 3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_at_the_seq_a_quiet_account_waits_for_is_skipped_and_recorded() {
+    // Seq 2 is poison and nothing follows: the account is not parked (nothing waits), it
+    // simply waits for seq 2. The skip records seq 2, and seq 3 then applies at once.
+    let (db, applier) = portfolio_db().await;
+    let mut client = db.client().await;
+    let mut log = Partition::new("fills", 0);
+    log.push_event(&f9(1, "buy"));
+    log.push_event(&f9(2, "hold"));
+    applier
+        .apply(&mut client, &log.batch(0, 10))
+        .await
+        .expect("batch");
+    let id = one(&client, "SELECT id FROM projector.dead_letters").await;
+    assert_eq!(
+        one(&client, "SELECT count(*) FROM projector.parked_accounts").await,
+        0
+    );
+    let (status, stdout, stderr) = dlq_skip(&db, id);
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("resumes after seq 2"), "{stdout}");
+    assert_eq!(open_dead_letters(&client).await, 0);
     assert_eq!(
         one(
             &client,
-            "SELECT version FROM portfolio WHERE account_id = 9"
+            "SELECT count(*) FROM projector.skips WHERE account_id = 9 AND seq = 2"
         )
         .await,
-        4,
-        "the account resumed past seq 3"
+        1
+    );
+    log.push_event(&f9(3, "buy"));
+    applier
+        .apply(&mut client, &log.batch(2, 10))
+        .await
+        .expect("batch");
+    assert_eq!(version_of_9(&client).await, 3, "seq 3 applied, no park");
+    assert_eq!(
+        one(&client, "SELECT count(*) FROM projector.parked_accounts").await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_ahead_of_its_account_is_resolved_and_skips_nothing() {
+    // Parked at a gap (seq 2); seq 3 waits, and a second event claiming seq 3 is a
+    // conflict. Its seq belongs to the waiting event: skipping the conflict resolves it and
+    // records no skip, and the account applies seq 2 and 3 when seq 2 comes.
+    let (db, applier) = portfolio_db().await;
+    let mut client = db.client().await;
+    let mut log = Partition::new("fills", 0);
+    log.push_event(&f9(1, "buy"));
+    log.push_event(&f9(3, "buy"));
+    log.push_event(&f9(3, "sell").with_id("another-3"));
+    applier
+        .apply(&mut client, &log.batch(0, 10))
+        .await
+        .expect("batch");
+    let id = one(
+        &client,
+        "SELECT id FROM projector.dead_letters WHERE kind = 'conflict'",
+    )
+    .await;
+    let (status, stdout, stderr) = dlq_skip(&db, id);
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("blocks no account"), "{stdout}");
+    assert_eq!(open_dead_letters(&client).await, 0);
+    assert_eq!(
+        one(&client, "SELECT count(*) FROM projector.skips").await,
+        0
+    );
+    log.push_event(&f9(2, "buy"));
+    applier
+        .apply(&mut client, &log.batch(3, 10))
+        .await
+        .expect("batch");
+    assert_eq!(
+        version_of_9(&client).await,
+        3,
+        "seq 2 and the waiting seq 3 applied"
     );
 }

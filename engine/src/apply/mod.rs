@@ -48,6 +48,7 @@ use crate::queries;
 use bookkeeping::Advance;
 use plan::{AccountState, Decoded, StoredEvent, Work};
 
+pub use repair::DeadLetterSkip;
 pub use rounds::{compose_statement, compose_statement_with, InboxGuard};
 pub use types::{ApplyError, Batch, BatchOutcome, Counts, Disposition};
 

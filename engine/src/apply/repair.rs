@@ -12,6 +12,24 @@ use crate::apply::Applier;
 use crate::event::Message;
 use crate::queries;
 
+/// What [`Applier::skip_dead_letter`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadLetterSkip {
+    /// Its `seq` was the one its account waited for: skipped (recorded in
+    /// `projector.skips`), and the account resumed after it; `counts` is what waited and was
+    /// applied in the first step (drain the rest with [`Applier::drain_account`]).
+    Resumed {
+        /// The account.
+        account: i64,
+        /// The skipped `seq`.
+        seq: i64,
+        /// What the first drain step did.
+        counts: Counts,
+    },
+    /// It held no `seq` its account still waits for: resolved as skipped, nothing else.
+    Resolved,
+}
+
 impl Applier {
     /// Retries dead letter `id` of this view version from its stored bytes, through the
     /// apply path, as if it arrived now: decoded again (validation may have changed, the
@@ -129,6 +147,112 @@ impl Applier {
                 ),
             });
         }
+        let counts = self
+            .skip_in(&mut tx, account, seq, skipped_by, reason)
+            .await?;
+        tx.commit().await.map_err(self.db("committing"))?;
+        Ok(counts)
+    }
+
+    /// Gives dead letter `id` of this version up, recorded with who and why. When its `seq`
+    /// is the one its account waits for (parked there, or not parked because nothing came
+    /// after it yet), that `seq` is skipped as by [`Applier::skip_seq`] and the account
+    /// resumes after it. A dead letter that holds no `seq` the account still needs (a
+    /// conflict: the `seq` is another event's; a `seq` the account has passed; an
+    /// order-independent view; no account or `seq` salvaged) is only resolved. Refused while
+    /// the account waits for a lower `seq`: skipped then, the dead letter would be resolved
+    /// with nothing recorded, and the account would park at its `seq` later. Decided under
+    /// the account's lock, like a batch.
+    pub async fn skip_dead_letter(
+        &self,
+        client: &mut Client,
+        id: i64,
+        skipped_by: &str,
+        reason: &str,
+    ) -> Result<DeadLetterSkip, ApplyError> {
+        let mut tx = client
+            .transaction()
+            .await
+            .map_err(self.db("beginning the transaction"))?;
+        let err = self.db("skipping a dead letter");
+        let refused = |reason: String| ApplyError::Refused {
+            consumer: self.consumer.clone(),
+            reason,
+        };
+        let row = tx
+            .query_opt(
+                "SELECT account_id, seq, kind, resolved_at IS NOT NULL FROM projector.dead_letters \
+                 WHERE id = $1 AND consumer = $2 FOR UPDATE",
+                &[&id, &self.consumer],
+            )
+            .await
+            .map_err(&err)?
+            .ok_or_else(|| refused(format!("no dead letter {id} of this view version")))?;
+        let (account, seq, kind): (Option<i64>, Option<i64>, String) =
+            (row.get(0), row.get(1), row.get(2));
+        if row.get::<_, bool>(3) {
+            return Err(refused(format!("dead letter {id} is resolved already")));
+        }
+        let held = match (account, seq) {
+            (Some(account), Some(seq)) if self.ordered && kind != "conflict" => {
+                tx.execute(queries::ENSURE_PROGRESS, &[&self.consumer, &vec![account]])
+                    .await
+                    .map_err(&err)?;
+                tx.execute(queries::LOCK_ACCOUNTS, &[&self.consumer, &vec![account]])
+                    .await
+                    .map_err(&err)?;
+                let row = tx
+                    .query_one(queries::READ_ACCOUNTS, &[&self.consumer, &vec![account]])
+                    .await
+                    .map_err(&err)?;
+                let last_seq: i64 = row.get::<_, Option<i64>>(1).unwrap_or(0);
+                let watermark: Option<i64> = row.get(3);
+                let next = last_seq.max(watermark.unwrap_or(0)) + 1;
+                if seq > next {
+                    return Err(refused(format!(
+                        "dead letter {id} holds seq {seq} of account {account}, which waits for seq {next} first; skipped now, nothing would be recorded and the account would stop at seq {seq} later: skip it once the account has applied seq {}",
+                        seq - 1
+                    )));
+                }
+                (seq == next).then_some((account, seq))
+            }
+            _ => None,
+        };
+        let outcome = match held {
+            Some((account, seq)) => DeadLetterSkip::Resumed {
+                account,
+                seq,
+                counts: self
+                    .skip_in(&mut tx, account, seq, skipped_by, reason)
+                    .await?,
+            },
+            None => {
+                tx.execute(
+                    "UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'skipped', \
+                         resolved_by = $2, resolution_note = $3 WHERE id = $1",
+                    &[&id, &skipped_by, &reason],
+                )
+                .await
+                .map_err(&err)?;
+                DeadLetterSkip::Resolved
+            }
+        };
+        tx.commit().await.map_err(self.db("committing"))?;
+        Ok(outcome)
+    }
+
+    /// Skips `seq` of `account`, locked by the caller: progress moves to it, the skip is
+    /// recorded, the open dead letters at it are resolved as skipped, and one bounded step of
+    /// what waited behind it is applied.
+    async fn skip_in(
+        &self,
+        tx: &mut Transaction<'_>,
+        account: i64,
+        seq: i64,
+        skipped_by: &str,
+        reason: &str,
+    ) -> Result<Counts, ApplyError> {
+        let err = self.db("skipping a seq");
         tx.execute(
             "UPDATE projector.account_progress SET last_seq = $3, last_event_id = NULL, updated_at = now() \
              WHERE consumer = $1 AND account_id = $2",
@@ -152,8 +276,7 @@ impl Applier {
         .await
         .map_err(&err)?;
         // One bounded step; `drain_account` takes the rest.
-        let (counts, _) = self.drain_step(&mut tx, account).await?;
-        tx.commit().await.map_err(self.db("committing"))?;
+        let (counts, _) = self.drain_step(tx, account).await?;
         Ok(counts)
     }
 
