@@ -418,6 +418,10 @@ pub async fn run_parked(url: &str, registry: &Registry, command: Parked) -> anyh
         } => {
             let consumer = consumer_of(&client, &view, version).await?;
             let applier = Arc::new(applier_of(registry, &consumer)?);
+            // What waits and can go first: the seq the account is parked at may wait sound
+            // (a corrected republish the last bounded drain stopped short of) while the
+            // park still names the original's dead letter, which would only fail again.
+            let mut counts = drain(&applier, &mut client, account).await?;
             let dead: Option<i64> = client
                 .query_opt(
                     "SELECT dead_letter_id FROM projector.parked_accounts WHERE consumer = $1 AND account_id = $2",
@@ -430,8 +434,8 @@ pub async fn run_parked(url: &str, registry: &Registry, command: Parked) -> anyh
                 if disposition == projector_engine::Disposition::DeadLettered {
                     bail!("account {account}: dead letter {id} failed again; see `projector dlq show {id}`");
                 }
+                counts += &drain(&applier, &mut client, account).await?;
             }
-            let counts = drain(&applier, &mut client, account).await?;
             let still: Option<i64> = client
                 .query_opt(
                     "SELECT blocked_seq FROM projector.parked_accounts WHERE consumer = $1 AND account_id = $2",

@@ -466,3 +466,69 @@ async fn a_conflict_ahead_of_its_account_is_resolved_and_skips_nothing() {
         "seq 2 and the waiting seq 3 applied"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seq_whose_sound_event_waits_is_not_skipped() {
+    // Seq 1003 was poison, then republished corrected (same id) while account 9 was behind
+    // a gap at seq 2: the correction waits. Seq 2 arrives; the drain stops after a thousand
+    // events and the account parks at 1003, naming the poison's dead letter. Skipping it
+    // would drop the waiting correction as a stale duplicate: refused, pointing at
+    // `parked retry`, which applies it and resolves the dead letter.
+    let (db, applier) = portfolio_db().await;
+    let mut client = db.client().await;
+    let mut log = Partition::new("fills", 0);
+    log.push_event(&f9(1, "buy"));
+    for seq in 3..=1002 {
+        log.push_event(&f9(seq, "buy"));
+    }
+    log.push_event(&f9(1003, "hold").with_id("e-1003"));
+    log.push_event(&f9(1003, "buy").with_id("e-1003"));
+    let first = log.log.len() as i64;
+    applier
+        .apply(&mut client, &log.batch(0, 2000))
+        .await
+        .expect("batch");
+    log.push_event(&f9(2, "buy"));
+    let outcome = applier
+        .apply(&mut client, &log.batch(first, 10))
+        .await
+        .expect("batch");
+    assert!(!outcome.more_to_drain.is_empty(), "the drain stopped short");
+    assert_eq!(
+        one(
+            &client,
+            "SELECT blocked_seq FROM projector.parked_accounts WHERE account_id = 9"
+        )
+        .await,
+        1003
+    );
+    let id = one(&client, "SELECT id FROM projector.dead_letters").await;
+    let (status, _, stderr) = dlq_skip(&db, id);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("parked retry 9"), "{stderr}");
+    assert_eq!(
+        one(&client, "SELECT count(*) FROM projector.skips").await,
+        0
+    );
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_projector"))
+        .args([
+            "parked",
+            "retry",
+            "9",
+            "--view",
+            "portfolio",
+            "--by",
+            "carol",
+        ])
+        .args(["--database-url", db.url()])
+        .output()
+        .expect("run projector");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(version_of_9(&client).await, 1003, "the correction applied");
+    assert_eq!(open_dead_letters(&client).await, 0);
+}

@@ -159,7 +159,8 @@ impl Applier {
     /// after it yet), that `seq` is skipped as by [`Applier::skip_seq`] and the account
     /// resumes after it. A dead letter that holds no `seq` the account still needs (a
     /// conflict: the `seq` is another event's; a `seq` the account has passed; an
-    /// order-independent view; no account or `seq` salvaged) is only resolved. Refused while
+    /// order-independent view; a retired version; no account or `seq` salvaged) is only
+    /// resolved. Refused while
     /// the account waits for a lower `seq`: skipped then, the dead letter would be resolved
     /// with nothing recorded, and the account would park at its `seq` later. Decided under
     /// the account's lock, like a batch.
@@ -179,28 +180,48 @@ impl Applier {
             consumer: self.consumer.clone(),
             reason,
         };
-        let row = tx
+        // The account's lock first, as a batch takes it before it writes dead letters: the
+        // other order could deadlock with a batch resolving this very dead letter.
+        let account: Option<i64> = tx
             .query_opt(
-                "SELECT account_id, seq, kind, resolved_at IS NOT NULL FROM projector.dead_letters \
-                 WHERE id = $1 AND consumer = $2 FOR UPDATE",
+                "SELECT account_id FROM projector.dead_letters WHERE id = $1 AND consumer = $2",
                 &[&id, &self.consumer],
             )
             .await
             .map_err(&err)?
-            .ok_or_else(|| refused(format!("no dead letter {id} of this view version")))?;
-        let (account, seq, kind): (Option<i64>, Option<i64>, String) =
-            (row.get(0), row.get(1), row.get(2));
-        if row.get::<_, bool>(3) {
+            .ok_or_else(|| refused(format!("no dead letter {id} of this view version")))?
+            .get(0);
+        let retired = tx
+            .query_opt(
+                "SELECT 1 FROM projector.views WHERE consumer = $1 AND state = 'retired'",
+                &[&self.consumer],
+            )
+            .await
+            .map_err(&err)?
+            .is_some();
+        let tracked = self.ordered && !retired;
+        if let (Some(account), true) = (account, tracked) {
+            tx.execute(queries::ENSURE_PROGRESS, &[&self.consumer, &vec![account]])
+                .await
+                .map_err(&err)?;
+            tx.execute(queries::LOCK_ACCOUNTS, &[&self.consumer, &vec![account]])
+                .await
+                .map_err(&err)?;
+        }
+        let row = tx
+            .query_one(
+                "SELECT seq, kind, resolved_at IS NOT NULL FROM projector.dead_letters \
+                 WHERE id = $1 FOR UPDATE",
+                &[&id],
+            )
+            .await
+            .map_err(&err)?;
+        let (seq, kind): (Option<i64>, String) = (row.get(0), row.get(1));
+        if row.get::<_, bool>(2) {
             return Err(refused(format!("dead letter {id} is resolved already")));
         }
         let held = match (account, seq) {
-            (Some(account), Some(seq)) if self.ordered && kind != "conflict" => {
-                tx.execute(queries::ENSURE_PROGRESS, &[&self.consumer, &vec![account]])
-                    .await
-                    .map_err(&err)?;
-                tx.execute(queries::LOCK_ACCOUNTS, &[&self.consumer, &vec![account]])
-                    .await
-                    .map_err(&err)?;
+            (Some(account), Some(seq)) if tracked && kind != "conflict" => {
                 let row = tx
                     .query_one(queries::READ_ACCOUNTS, &[&self.consumer, &vec![account]])
                     .await
@@ -253,6 +274,26 @@ impl Applier {
         reason: &str,
     ) -> Result<Counts, ApplyError> {
         let err = self.db("skipping a seq");
+        // A sound event at that seq waits (a corrected republish, held back behind a gap
+        // that a bounded drain stopped short of): it can be applied, and a skip would drop
+        // it as a stale duplicate.
+        let waiting = tx
+            .query_opt(
+                "SELECT 1 FROM projector.waiting_events WHERE consumer = $1 AND account_id = $2 AND seq = $3 LIMIT 1",
+                &[&self.consumer, &account, &seq],
+            )
+            .await
+            .map_err(&err)?;
+        if waiting.is_some() {
+            return Err(ApplyError::Refused {
+                consumer: self.consumer.clone(),
+                reason: format!(
+                    "an event of account {account} at seq {seq} waits to be applied: nothing to skip; apply it with `projector parked retry {account} --view {} --version {}`",
+                    self.projection.name(),
+                    self.projection.version()
+                ),
+            });
+        }
         tx.execute(
             "UPDATE projector.account_progress SET last_seq = $3, last_event_id = NULL, updated_at = now() \
              WHERE consumer = $1 AND account_id = $2",
