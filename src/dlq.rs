@@ -308,9 +308,20 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
                         println!("dead letter {id} skipped (it blocks no account)");
                     }
                 },
-                // A version this binary cannot build (its code is gone): nothing of it runs
-                // any more, so the dead letter is only resolved.
+                // A retired version this binary cannot build (its code is gone): nothing of
+                // it runs any more, so the dead letter is only resolved. Any other version
+                // needs its code to decide (an older binary, say): an error.
                 Err(e) => {
+                    let retired = client
+                        .query_opt(
+                            "SELECT 1 FROM projector.views WHERE consumer = $1 AND state = 'retired'",
+                            &[&consumer],
+                        )
+                        .await?
+                        .is_some();
+                    if !retired {
+                        return Err(e);
+                    }
                     let resolved = client
                         .execute(
                             "UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'skipped', \
@@ -430,7 +441,9 @@ pub async fn run_parked(url: &str, registry: &Registry, command: Parked) -> anyh
                 .await?
                 .and_then(|r| r.get(0));
             if let Some(id) = dead {
-                let (disposition, _) = applier.retry_dead_letter(&mut client, id, &who(by)).await?;
+                let (disposition, retried) =
+                    applier.retry_dead_letter(&mut client, id, &who(by)).await?;
+                counts += &retried;
                 if disposition == projector_engine::Disposition::DeadLettered {
                     bail!("account {account}: dead letter {id} failed again; see `projector dlq show {id}`");
                 }

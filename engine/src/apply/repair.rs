@@ -47,6 +47,26 @@ impl Applier {
             .await
             .map_err(self.db("beginning the transaction"))?;
         let err = self.db("reading the dead letter");
+        // The account's lock before the dead letter's, the order a batch takes them (it
+        // locks its accounts, then resolves or updates their dead letters).
+        if self.ordered {
+            let account: Option<i64> = tx
+                .query_opt(
+                    "SELECT account_id FROM projector.dead_letters WHERE id = $1 AND consumer = $2",
+                    &[&id, &self.consumer],
+                )
+                .await
+                .map_err(&err)?
+                .and_then(|r| r.get(0));
+            if let Some(account) = account {
+                tx.execute(queries::ENSURE_PROGRESS, &[&self.consumer, &vec![account]])
+                    .await
+                    .map_err(&err)?;
+                tx.execute(queries::LOCK_ACCOUNTS, &[&self.consumer, &vec![account]])
+                    .await
+                    .map_err(&err)?;
+            }
+        }
         let Some(row) = tx
             .query_opt(
                 "SELECT topic, partition, \"offset\", message_key, payload, resolved_at IS NOT NULL \
