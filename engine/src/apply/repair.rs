@@ -59,12 +59,7 @@ impl Applier {
                 .map_err(&err)?
                 .and_then(|r| r.get(0));
             if let Some(account) = account {
-                tx.execute(queries::ENSURE_PROGRESS, &[&self.consumer, &vec![account]])
-                    .await
-                    .map_err(&err)?;
-                tx.execute(queries::LOCK_ACCOUNTS, &[&self.consumer, &vec![account]])
-                    .await
-                    .map_err(&err)?;
+                self.lock_account(&tx, account).await?;
             }
         }
         let Some(row) = tx
@@ -133,20 +128,8 @@ impl Applier {
             .transaction()
             .await
             .map_err(self.db("beginning the transaction"))?;
-        let err = self.db("skipping a seq");
-        tx.execute(queries::ENSURE_PROGRESS, &[&self.consumer, &vec![account]])
-            .await
-            .map_err(&err)?;
-        tx.execute(queries::LOCK_ACCOUNTS, &[&self.consumer, &vec![account]])
-            .await
-            .map_err(&err)?;
-        let row = tx
-            .query_one(queries::READ_ACCOUNTS, &[&self.consumer, &vec![account]])
-            .await
-            .map_err(&err)?;
-        let last_seq: i64 = row.get::<_, Option<i64>>(1).unwrap_or(0);
-        let watermark: Option<i64> = row.get(3);
-        let next = last_seq.max(watermark.unwrap_or(0)) + 1;
+        self.lock_account(&tx, account).await?;
+        let (next, blocked) = self.waits_for(&tx, account).await?;
         if seq != next {
             return Err(ApplyError::Refused {
                 consumer: self.consumer.clone(),
@@ -158,7 +141,6 @@ impl Applier {
         // Only a parked account waits: an account that is not parked has simply not received
         // its next event yet (or a redelivery filled its gap a moment ago), and a skip would
         // turn that sound event, when it arrives, into a conflict never applied.
-        let blocked: Option<i64> = row.get(4);
         if blocked != Some(seq) {
             return Err(ApplyError::Refused {
                 consumer: self.consumer.clone(),
@@ -221,12 +203,7 @@ impl Applier {
             .is_some();
         let tracked = self.ordered && !retired;
         if let (Some(account), true) = (account, tracked) {
-            tx.execute(queries::ENSURE_PROGRESS, &[&self.consumer, &vec![account]])
-                .await
-                .map_err(&err)?;
-            tx.execute(queries::LOCK_ACCOUNTS, &[&self.consumer, &vec![account]])
-                .await
-                .map_err(&err)?;
+            self.lock_account(&tx, account).await?;
         }
         let row = tx
             .query_one(
@@ -242,13 +219,7 @@ impl Applier {
         }
         let held = match (account, seq) {
             (Some(account), Some(seq)) if tracked && kind != "conflict" => {
-                let row = tx
-                    .query_one(queries::READ_ACCOUNTS, &[&self.consumer, &vec![account]])
-                    .await
-                    .map_err(&err)?;
-                let last_seq: i64 = row.get::<_, Option<i64>>(1).unwrap_or(0);
-                let watermark: Option<i64> = row.get(3);
-                let next = last_seq.max(watermark.unwrap_or(0)) + 1;
+                let (next, _) = self.waits_for(&tx, account).await?;
                 if seq > next {
                     return Err(refused(format!(
                         "dead letter {id} holds seq {seq} of account {account}, which waits for seq {next} first; skipped now, nothing would be recorded and the account would stop at seq {seq} later: skip it once the account has applied seq {}",
@@ -280,6 +251,35 @@ impl Applier {
         };
         tx.commit().await.map_err(self.db("committing"))?;
         Ok(outcome)
+    }
+
+    /// Locks `account`'s progress row (created if missing) for the transaction, as a batch
+    /// does before it touches the account's events or dead letters.
+    async fn lock_account(&self, tx: &Transaction<'_>, account: i64) -> Result<(), ApplyError> {
+        let err = self.db("locking the account");
+        tx.execute(queries::ENSURE_PROGRESS, &[&self.consumer, &vec![account]])
+            .await
+            .map_err(&err)?;
+        tx.execute(queries::LOCK_ACCOUNTS, &[&self.consumer, &vec![account]])
+            .await
+            .map_err(&err)?;
+        Ok(())
+    }
+
+    /// The `seq` a locked account waits for (past `last_seq` and the rebuild watermark),
+    /// and the `seq` it is parked at, if any.
+    async fn waits_for(
+        &self,
+        tx: &Transaction<'_>,
+        account: i64,
+    ) -> Result<(i64, Option<i64>), ApplyError> {
+        let row = tx
+            .query_one(queries::READ_ACCOUNTS, &[&self.consumer, &vec![account]])
+            .await
+            .map_err(self.db("reading the account"))?;
+        let last_seq: i64 = row.get::<_, Option<i64>>(1).unwrap_or(0);
+        let watermark: Option<i64> = row.get(3);
+        Ok((last_seq.max(watermark.unwrap_or(0)) + 1, row.get(4)))
     }
 
     /// Skips `seq` of `account`, locked by the caller: progress moves to it, the skip is
