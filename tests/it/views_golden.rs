@@ -310,9 +310,10 @@ async fn risk_golden_rows() {
         // EURUSD q = -40, last price 1.2 (the bust's, the latest EURUSD event):
         //   exposure |-40| * 1.2 = 48.0, signed -48.0.
         // USDJPY q = -30, last price 151.75: exposure 30 * 151.75 = 4552.50, signed -4552.50.
-        // gross = 48.0 + 4552.50 = 4600.50; net = -4600.50; largest USDJPY.
+        // gross = 48.0 + 4552.50 = 4600.50; net = -4600.50; largest USDJPY. Exposures are
+        // written without trailing zeros (trim_scale): 4600.5, -4600.5, 4552.5.
         // version: seq 10, the bust; the later cash event is not a risk event.
-        &["1", "4600.50", "-4600.50", "2", "USDJPY", "4552.50", "10"],
+        &["1", "4600.5", "-4600.5", "2", "USDJPY", "4552.5", "10"],
         // GBPUSD q = 10.5, last price 1.3 (the bust's): 10.5 * 1.3 = 13.65.
         // XAUUSD q = 3, last price 2000.01: 3 * 2000.01 = 6000.03.
         // gross = net = 13.65 + 6000.03 = 6013.68.

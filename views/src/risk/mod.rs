@@ -3,8 +3,10 @@
 //!
 //! Order-dependent (the last price is the latest fill's), deduplicated by the inbox only: it
 //! writes two tables per event, a per-symbol book (`risk_positions_v<n>`) and the account
-//! row (`risk_v<n>`), and a version filter guards one row. The rules are in `docs/views.md`;
-//! the SQL is in `risk.sql` beside this file.
+//! row (`risk_v<n>`), and a version filter guards one row. An event moves the account row by
+//! its symbol's exposure before and after; the book is read again only when the largest
+//! position shrinks. The rules are in `docs/views.md`; the SQL is in `risk.sql` beside this
+//! file.
 
 use std::sync::Arc;
 
@@ -69,9 +71,8 @@ impl Projection for Risk {
     }
 
     fn apply_sql(&self) -> ApplySql {
-        // The account totals are shared with the snapshot, so they are a section of their own.
         ApplySql {
-            ctes: format!("{},\n{}", SQL.section("ctes"), SQL.section("totals")),
+            ctes: SQL.section("ctes").to_owned(),
             write: SQL.section("write").to_owned(),
         }
     }
@@ -85,7 +86,7 @@ impl Projection for Risk {
             "WITH {},\n{},\nseeded_accounts AS (\n{}\n)\n{}",
             SQL.section("snapshot_book"),
             SQL.section("totals"),
-            SQL.section("write"),
+            SQL.section("seed"),
             SQL.section("watermarks"),
         ))
     }
@@ -102,11 +103,16 @@ mod tests {
         assert!(view.ddl().contains("risk_v{v}"));
         let sql = view.apply_sql();
         assert!(sql.ctes.contains("rk_largest AS"));
+        assert!(
+            !sql.ctes.contains("rk_totals AS"),
+            "the apply path reads no whole book"
+        );
         assert!(sql.write.ends_with("RETURNING 1"));
         assert!(view.read_sql().starts_with("SELECT"));
         let snapshot = view.snapshot_sql().unwrap_or_default();
         assert!(snapshot.contains("FROM positions"));
         assert!(snapshot.contains("FROM account_seq"));
+        assert!(snapshot.contains("FROM rk_totals"));
         assert_eq!(view.consumer(), "risk_v2");
     }
 }

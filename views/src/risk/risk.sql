@@ -7,10 +7,15 @@
 -- tables per event is why this view needs the inbox: a version filter guards one row only.
 --
 -- How the sections compose (views/src/risk/mod.rs):
---   apply:    WITH <engine prefix>, <ctes>, <totals>, written AS (<write>) SELECT ...
---   snapshot: WITH <snapshot_book>, <totals>, seeded_accounts AS (<write>) <watermarks>
--- Both paths build `book` (account_id, symbol, net_qty, last_price, version) and share
--- `totals` and `write`, so a rebuilt version computes the account row exactly like the live one.
+--   apply:    WITH <engine prefix>, <ctes>, written AS (<write>) SELECT ...
+--   snapshot: WITH <snapshot_book>, <totals>, seeded_accounts AS (<seed>) <watermarks>
+-- The apply path is incremental: an event moves one symbol, so the account row moves by that
+-- symbol's exposure before and after, and only when the largest position shrinks is the
+-- account's book read again. The snapshot computes the row from the whole book (`totals`).
+-- numeric keeps the larger scale of a sum's terms, so a running total would carry the scale
+-- of positions long closed, and a total computed from the book would not: both paths write
+-- the exposures with trim_scale(), whose text depends on the value alone, so a rebuilt
+-- version equals the live one in text too.
 
 -- name: ddl
 CREATE TABLE IF NOT EXISTS risk_positions_v{v} (
@@ -52,53 +57,109 @@ rk_trade AS (
     FROM ev
 ),
 -- Rounds give at most one event per account, so each statement moves one symbol per account.
+-- A symbol the account holds moves in place; `before` is the same row as the statement's
+-- snapshot shows it (found by its tuple id, no second index lookup), so RETURNING gives the
+-- position before and after the event.
 rk_moved AS (
+    UPDATE risk_positions_v{v} rp SET
+        net_qty    = rp.net_qty + t.d,
+        last_price = t.p,
+        version    = t.seq
+    FROM rk_trade t, risk_positions_v{v} before
+    WHERE rp.account_id = t.account_id AND rp.symbol = t.symbol AND before.ctid = rp.ctid
+    RETURNING rp.account_id, rp.symbol, rp.net_qty, rp.last_price,
+              before.net_qty AS net_qty_before, before.last_price AS last_price_before
+),
+-- A symbol never traded opens; there was no position before (NULLs). The account is locked
+-- by the engine for the batch, so nothing else opens it meanwhile; DO UPDATE keeps the table
+-- right even if something did.
+rk_opened AS (
     INSERT INTO risk_positions_v{v} AS rp (account_id, symbol, net_qty, last_price, version)
-    SELECT account_id, symbol, d, p, seq FROM rk_trade
+    SELECT t.account_id, t.symbol, t.d, t.p, t.seq
+    FROM rk_trade t
+    WHERE NOT EXISTS (SELECT 1 FROM rk_moved m
+                      WHERE m.account_id = t.account_id AND m.symbol = t.symbol)
     ON CONFLICT (account_id, symbol) DO UPDATE SET
         net_qty    = rp.net_qty + EXCLUDED.net_qty,
         last_price = EXCLUDED.last_price,
         version    = EXCLUDED.version
-    RETURNING rp.account_id, rp.symbol, rp.net_qty, rp.last_price, rp.version
+    RETURNING rp.account_id, rp.symbol, rp.net_qty, rp.last_price,
+              NULL::numeric AS net_qty_before, NULL::numeric AS last_price_before
 ),
--- The account's whole book after the event. CTEs of one statement share its snapshot, so the
--- table does not show the row just written: take that one from RETURNING and the account's
--- other symbols as stored.
-book AS (
-    SELECT account_id, symbol, net_qty, last_price, version FROM rk_moved
-    UNION ALL
-    SELECT rp.account_id, rp.symbol, rp.net_qty, rp.last_price, rp.version
-    FROM risk_positions_v{v} rp
-    JOIN rk_trade t ON t.account_id = rp.account_id AND rp.symbol <> t.symbol
-)
-
--- name: totals
--- Only open positions count (q <> 0); sums of nothing are 0.
-rk_account AS (
-    SELECT account_id,
-           coalesce(sum(abs(net_qty) * last_price) FILTER (WHERE net_qty <> 0), 0) AS gross_exposure,
-           coalesce(sum(net_qty * last_price) FILTER (WHERE net_qty <> 0), 0) AS net_exposure,
-           count(*) FILTER (WHERE net_qty <> 0) AS open_positions,
-           max(version) AS version
-    FROM book
-    GROUP BY account_id
+-- Per event: the account row before (NULLs for a new account) and the moved symbol's
+-- exposure before (0 when it was flat or new) and after. Only open positions count, and a
+-- flat one's exposure is 0, so adding and taking away exposures needs no filter.
+rk_step AS (
+    SELECT m.account_id,
+           m.symbol,
+           greatest(a.version, t.seq) AS version,
+           coalesce(a.gross_exposure, 0)
+               - coalesce(abs(m.net_qty_before) * m.last_price_before, 0)
+               + abs(m.net_qty) * m.last_price AS gross_exposure,
+           coalesce(a.net_exposure, 0)
+               - coalesce(m.net_qty_before * m.last_price_before, 0)
+               + m.net_qty * m.last_price AS net_exposure,
+           coalesce(a.open_positions, 0)
+               - (coalesce(m.net_qty_before, 0) <> 0)::int
+               + (m.net_qty <> 0)::int AS open_positions,
+           m.net_qty <> 0 AS open_after,
+           abs(m.net_qty) * m.last_price AS exposure,
+           a.largest_position_symbol AS largest_before,
+           a.largest_position_notional AS notional_before
+    FROM (SELECT * FROM rk_moved UNION ALL SELECT * FROM rk_opened) m
+    JOIN rk_trade t ON t.account_id = m.account_id AND t.symbol = m.symbol
+    LEFT JOIN risk_v{v} a ON a.account_id = m.account_id
 ),
--- The greatest exposure; ties go to the smallest symbol. COLLATE "C" compares bytes, so the
--- answer does not depend on the database's locale.
+-- The largest position after the event. Only the moved symbol's exposure changed, so:
+-- - another symbol was the largest (or none): it still is, unless the moved symbol now beats
+--   it (a greater exposure, or an equal one and a smaller symbol);
+-- - the moved symbol was the largest: it still is if its exposure did not shrink (a tie
+--   with another symbol was already won by it); if it shrank, the account's other open
+--   positions are read again and compete with it (the `rescan`, the only read of the book).
+-- Ties go to the smallest symbol in byte order, as in `totals`.
 rk_largest AS (
-    SELECT DISTINCT ON (account_id) account_id, symbol, abs(net_qty) * last_price AS notional
-    FROM book
-    WHERE net_qty <> 0
-    ORDER BY account_id, abs(net_qty) * last_price DESC, symbol COLLATE "C"
+    SELECT s.*,
+           s.largest_before IS NOT DISTINCT FROM s.symbol
+               AND NOT (s.open_after AND s.exposure >= s.notional_before) AS rescan,
+           s.open_after
+               AND (s.largest_before IS NULL
+                    OR s.exposure > s.notional_before
+                    OR (s.exposure = s.notional_before
+                        AND s.symbol COLLATE "C" <= s.largest_before COLLATE "C")) AS moved_wins
+    FROM rk_step s
+),
+rk_account AS (
+    SELECT l.account_id,
+           trim_scale(l.gross_exposure) AS gross_exposure,
+           trim_scale(l.net_exposure) AS net_exposure,
+           l.open_positions,
+           CASE WHEN l.rescan THEN r.symbol
+                WHEN l.moved_wins THEN l.symbol
+                ELSE l.largest_before END AS largest_position_symbol,
+           trim_scale(CASE WHEN l.rescan THEN coalesce(r.notional, 0)
+                           WHEN l.moved_wins THEN l.exposure
+                           ELSE coalesce(l.notional_before, 0) END) AS largest_position_notional,
+           l.version
+    FROM rk_largest l
+    LEFT JOIN LATERAL (
+        SELECT c.symbol, c.notional
+        FROM (SELECT rp.symbol, abs(rp.net_qty) * rp.last_price AS notional
+              FROM risk_positions_v{v} rp
+              WHERE rp.account_id = l.account_id AND rp.symbol <> l.symbol AND rp.net_qty <> 0
+              UNION ALL
+              SELECT l.symbol, l.exposure WHERE l.open_after) c
+        WHERE l.rescan
+        ORDER BY c.notional DESC, c.symbol COLLATE "C"
+        LIMIT 1
+    ) r ON true
 )
 
 -- name: write
 INSERT INTO risk_v{v} (account_id, gross_exposure, net_exposure, open_positions,
                        largest_position_symbol, largest_position_notional, version)
-SELECT a.account_id, a.gross_exposure, a.net_exposure, a.open_positions,
-       l.symbol, coalesce(l.notional, 0), a.version
-FROM rk_account a
-LEFT JOIN rk_largest l USING (account_id)
+SELECT account_id, gross_exposure, net_exposure, open_positions,
+       largest_position_symbol, largest_position_notional, version
+FROM rk_account
 ON CONFLICT (account_id) DO UPDATE SET
     gross_exposure            = EXCLUDED.gross_exposure,
     net_exposure              = EXCLUDED.net_exposure,
@@ -112,6 +173,36 @@ RETURNING 1
 SELECT account_id, gross_exposure, net_exposure, open_positions,
        largest_position_symbol, largest_position_notional, version
 FROM risk_v{v}
+
+-- name: totals
+-- The account row from a whole book (the snapshot's): only open positions count (q <> 0);
+-- sums of nothing are 0.
+rk_totals AS (
+    SELECT account_id,
+           trim_scale(coalesce(sum(abs(net_qty) * last_price) FILTER (WHERE net_qty <> 0), 0)) AS gross_exposure,
+           trim_scale(coalesce(sum(net_qty * last_price) FILTER (WHERE net_qty <> 0), 0)) AS net_exposure,
+           count(*) FILTER (WHERE net_qty <> 0) AS open_positions,
+           max(version) AS version
+    FROM book
+    GROUP BY account_id
+),
+-- The greatest exposure; ties go to the smallest symbol. COLLATE "C" compares bytes, so the
+-- answer does not depend on the database's locale.
+rk_biggest AS (
+    SELECT DISTINCT ON (account_id) account_id, symbol, abs(net_qty) * last_price AS notional
+    FROM book
+    WHERE net_qty <> 0
+    ORDER BY account_id, abs(net_qty) * last_price DESC, symbol COLLATE "C"
+)
+
+-- name: seed
+INSERT INTO risk_v{v} (account_id, gross_exposure, net_exposure, open_positions,
+                       largest_position_symbol, largest_position_notional, version)
+SELECT a.account_id, a.gross_exposure, a.net_exposure, a.open_positions,
+       l.symbol, trim_scale(coalesce(l.notional, 0)), a.version
+FROM rk_totals a
+LEFT JOIN rk_biggest l USING (account_id)
+RETURNING 1
 
 -- name: snapshot_book
 -- The write side's authoritative positions (docs/views.md) are the book; they seed the
