@@ -1,0 +1,692 @@
+//! Adversarial review of risk's incremental account row (views/src/risk/risk.sql): the row an
+//! event leaves must be the one the account's whole book (`risk_positions_v<n>`) gives, in
+//! value and text, whatever the path that brought the book there.
+//!
+//! Every path the engine has holds (stress with ties, zero prices, extreme decimals and
+//! case-only symbol differences; redeliveries and crashes; reused ids and the fallback;
+//! poison and the repairs; rows of the previous code continued; snapshot then tail; two
+//! writers sharing accounts; the generic plan). The one `#[ignore]`d test shows what was given
+//! up: an account row lost beside its book (out-of-band only) is no longer rebuilt from the
+//! book at the next event; that event is dead-lettered instead.
+
+use std::sync::Arc;
+
+use deadpool_postgres::Client;
+use projector_engine::projection::render;
+use projector_engine::testkit::{
+    bust, cash, consume, consume_with_crashes, EventSpec, Lcg, Partition, TestDb,
+};
+use projector_engine::{Applier, BatchOutcome, Counts, Projection, Registry, SourceOrdering};
+use projector_views::Risk;
+
+const AT: &str = "2026-11-28T10:00:00Z";
+
+/// The account rows as the whole book gives them (the `totals` rules, exposures trimmed),
+/// as text.
+const FROM_BOOK: &str = "WITH b AS (SELECT account_id, symbol, net_qty, last_price, version \
+       FROM risk_positions_v{v}), \
+     t AS (SELECT account_id, \
+       trim_scale(coalesce(sum(abs(net_qty) * last_price) FILTER (WHERE net_qty <> 0), 0)) AS g, \
+       trim_scale(coalesce(sum(net_qty * last_price) FILTER (WHERE net_qty <> 0), 0)) AS n, \
+       count(*) FILTER (WHERE net_qty <> 0) AS o, max(version) AS v FROM b GROUP BY account_id), \
+     l AS (SELECT DISTINCT ON (account_id) account_id, symbol, abs(net_qty) * last_price AS x \
+       FROM b WHERE net_qty <> 0 \
+       ORDER BY account_id, abs(net_qty) * last_price DESC, symbol COLLATE \"C\") \
+     SELECT t.account_id::text, t.g::text, t.n::text, t.o::text, coalesce(l.symbol, 'NULL'), \
+       trim_scale(coalesce(l.x, 0))::text, t.v::text \
+     FROM t LEFT JOIN l USING (account_id) ORDER BY t.account_id";
+
+/// The account rows as stored, as text.
+const STORED: &str = "SELECT account_id::text, gross_exposure::text, net_exposure::text, \
+     open_positions::text, coalesce(largest_position_symbol, 'NULL'), \
+     largest_position_notional::text, version::text FROM risk_v{v} ORDER BY account_id";
+
+async fn rows(client: &Client, view: &dyn Projection, sql: &str) -> Vec<Vec<String>> {
+    let sql = render(view, sql);
+    client
+        .query(&sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .iter()
+        .map(|row| (0..row.len()).map(|i| row.get::<_, String>(i)).collect())
+        .collect()
+}
+
+fn applier(view: Arc<dyn Projection>) -> Applier {
+    Applier::new(view, SourceOrdering::PerAccount).expect("applier")
+}
+
+fn no_failures(outcomes: &[BatchOutcome]) -> Counts {
+    let mut t = Counts::default();
+    for o in outcomes {
+        let c = &o.counts;
+        assert_eq!((c.poison, c.failed, c.waiting), (0, 0, 0), "{c:?}");
+        t += c;
+    }
+    t
+}
+
+async fn risk_db(v: i32) -> (TestDb, Arc<dyn Projection>) {
+    let view: Arc<dyn Projection> = Arc::new(Risk::new(v));
+    let mut registry = Registry::new();
+    registry.add(view.clone()).expect("register");
+    (TestDb::new(&registry).await, view)
+}
+
+fn trade(account: i64, seq: i64, symbol: &str, side: &str, qty: &str, price: &str) -> EventSpec {
+    EventSpec::new(
+        "fill_executed",
+        account,
+        seq,
+        AT,
+        serde_json::json!({"symbol": symbol, "side": side, "qty": qty, "price": price}),
+    )
+}
+
+/// Symbols that differ in case, trailing space, normalization and byte order only.
+const SYMBOLS: [&str; 9] = ["a", "A", "a ", "B", "b", "\u{e9}", "e\u{301}", "AAA", "AB"];
+const PRICES: [&str; 9] = [
+    "0",
+    "0.000",
+    "1",
+    "1.0",
+    "2",
+    "0.5",
+    "0.0000000000000000000000000001",
+    "79228162514264337593543950335",
+    "3.1415926535897932384626433832",
+];
+const QTYS: [&str; 7] = [
+    "1",
+    "2.00",
+    "0.5",
+    "4",
+    "0.0000000000000000000000000001",
+    "79228162514264337593543950335",
+    "1.0000000000000000000000000001",
+];
+
+fn stress(seed: u64, accounts: i64, per_account: i64) -> Vec<EventSpec> {
+    let mut rng = Lcg(seed);
+    let mut by_account: Vec<Vec<EventSpec>> = Vec::new();
+    for account in 1..=accounts {
+        let mut events = Vec::new();
+        let mut unbusted: Vec<EventSpec> = Vec::new();
+        for seq in 1..=per_account {
+            if rng.chance(12) && !unbusted.is_empty() {
+                let original = unbusted.remove(rng.below(unbusted.len()));
+                events.push(bust(&original, seq, AT));
+                continue;
+            }
+            if rng.chance(5) {
+                events.push(cash(account, seq, AT, "10", "transfer"));
+                continue;
+            }
+            let symbol = SYMBOLS[rng.below(SYMBOLS.len())];
+            let e = trade(
+                account,
+                seq,
+                symbol,
+                if rng.chance(50) { "buy" } else { "sell" },
+                QTYS[rng.below(QTYS.len())],
+                PRICES[rng.below(PRICES.len())],
+            );
+            unbusted.push(e.clone());
+            events.push(e);
+        }
+        by_account.push(events);
+    }
+    let mut next = vec![0usize; by_account.len()];
+    let mut out = Vec::new();
+    loop {
+        let open: Vec<usize> = (0..by_account.len())
+            .filter(|&a| next[a] < by_account[a].len())
+            .collect();
+        if open.is_empty() {
+            return out;
+        }
+        let a = open[rng.below(open.len())];
+        out.push(by_account[a][next[a]].clone());
+        next[a] += 1;
+    }
+}
+
+/// Many accounts per round, ties, zero prices, extreme decimals, case-only symbol
+/// differences, redeliveries and crashes: after every batch each stored row equals the book's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_risk_stress_rows_equal_the_book_after_every_batch() {
+    for seed in [1u64, 2, 3] {
+        let events = stress(seed, 6, 70);
+        let (db, view) = risk_db(1).await;
+        let mut client = db.client().await;
+        let applier = applier(view.clone());
+        let mut rng = Lcg(seed ^ 0x5eed);
+        let mut log = Partition::new("trades", 0);
+        let mut i = 0;
+        while i < events.len() {
+            let n = [1, 2, 5, 9, 30][rng.below(5)];
+            for e in &events[i..(i + n).min(events.len())] {
+                log.push_event(e);
+                if rng.chance(15) {
+                    log.push_event(&events[rng.below(i + 1)]);
+                }
+            }
+            i += n;
+            let batch = [1, 3, 7, 64][rng.below(4)];
+            let outcomes =
+                consume_with_crashes(&applier, &mut client, &log, batch, |_| rng.chance(10)).await;
+            no_failures(&outcomes);
+            assert_eq!(
+                rows(&client, &*view, STORED).await,
+                rows(&client, &*view, FROM_BOOK).await,
+                "seed {seed}, after {i} events"
+            );
+        }
+        let _ = consume(&applier, &mut client, &log, 10).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The previous code (HEAD before this change), at the same version: its rows are what an
+// upgraded deployment continues from.
+
+const OLD_CTES: &str = r#"rk_trade AS (
+    SELECT ev.account_id,
+           ev.seq,
+           ev.symbol AS symbol,
+           CASE WHEN (ev.side = 'buy') = (ev.type = 'fill_executed') THEN 1 ELSE -1 END
+               * ev.qty AS d,
+           ev.price AS p
+    FROM ev
+),
+rk_moved AS (
+    INSERT INTO risk_positions_v{v} AS rp (account_id, symbol, net_qty, last_price, version)
+    SELECT account_id, symbol, d, p, seq FROM rk_trade
+    ON CONFLICT (account_id, symbol) DO UPDATE SET
+        net_qty    = rp.net_qty + EXCLUDED.net_qty,
+        last_price = EXCLUDED.last_price,
+        version    = EXCLUDED.version
+    RETURNING rp.account_id, rp.symbol, rp.net_qty, rp.last_price, rp.version
+),
+book AS (
+    SELECT account_id, symbol, net_qty, last_price, version FROM rk_moved
+    UNION ALL
+    SELECT rp.account_id, rp.symbol, rp.net_qty, rp.last_price, rp.version
+    FROM risk_positions_v{v} rp
+    JOIN rk_trade t ON t.account_id = rp.account_id AND rp.symbol <> t.symbol
+),
+rk_account AS (
+    SELECT account_id,
+           coalesce(sum(abs(net_qty) * last_price) FILTER (WHERE net_qty <> 0), 0) AS gross_exposure,
+           coalesce(sum(net_qty * last_price) FILTER (WHERE net_qty <> 0), 0) AS net_exposure,
+           count(*) FILTER (WHERE net_qty <> 0) AS open_positions,
+           max(version) AS version
+    FROM book
+    GROUP BY account_id
+),
+rk_largest AS (
+    SELECT DISTINCT ON (account_id) account_id, symbol, abs(net_qty) * last_price AS notional
+    FROM book
+    WHERE net_qty <> 0
+    ORDER BY account_id, abs(net_qty) * last_price DESC, symbol COLLATE "C"
+)"#;
+
+const OLD_WRITE: &str = r#"INSERT INTO risk_v{v} (account_id, gross_exposure, net_exposure, open_positions,
+                       largest_position_symbol, largest_position_notional, version)
+SELECT a.account_id, a.gross_exposure, a.net_exposure, a.open_positions,
+       l.symbol, coalesce(l.notional, 0), a.version
+FROM rk_account a
+LEFT JOIN rk_largest l USING (account_id)
+ON CONFLICT (account_id) DO UPDATE SET
+    gross_exposure            = EXCLUDED.gross_exposure,
+    net_exposure              = EXCLUDED.net_exposure,
+    open_positions            = EXCLUDED.open_positions,
+    largest_position_symbol   = EXCLUDED.largest_position_symbol,
+    largest_position_notional = EXCLUDED.largest_position_notional,
+    version                   = EXCLUDED.version
+RETURNING 1"#;
+
+/// risk as the previous code wrote it: same name, version, tables and read SQL.
+struct OldRisk(Risk);
+
+impl Projection for OldRisk {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn version(&self) -> i32 {
+        self.0.version()
+    }
+    fn subscribes(&self) -> &[&str] {
+        self.0.subscribes()
+    }
+    fn dedup(&self) -> projector_engine::DedupMode {
+        self.0.dedup()
+    }
+    fn fields(&self) -> Vec<projector_engine::Field> {
+        self.0.fields()
+    }
+    fn ddl(&self) -> String {
+        self.0.ddl()
+    }
+    fn tables(&self) -> Vec<String> {
+        self.0.tables()
+    }
+    fn apply_sql(&self) -> projector_engine::ApplySql {
+        projector_engine::ApplySql {
+            ctes: OLD_CTES.to_owned(),
+            write: OLD_WRITE.to_owned(),
+        }
+    }
+    fn read_sql(&self) -> String {
+        self.0.read_sql()
+    }
+}
+
+/// Stored rows that differ in value from the book's (numeric equality: 1.50 = 1.5).
+const VALUE_DIFFERENCES: &str =
+    "WITH b AS (SELECT account_id, symbol, net_qty, last_price, version \
+       FROM risk_positions_v{v}), \
+     t AS (SELECT account_id, \
+       coalesce(sum(abs(net_qty) * last_price) FILTER (WHERE net_qty <> 0), 0) AS g, \
+       coalesce(sum(net_qty * last_price) FILTER (WHERE net_qty <> 0), 0) AS n, \
+       count(*) FILTER (WHERE net_qty <> 0) AS o, max(version) AS v FROM b GROUP BY account_id), \
+     l AS (SELECT DISTINCT ON (account_id) account_id, symbol, abs(net_qty) * last_price AS x \
+       FROM b WHERE net_qty <> 0 \
+       ORDER BY account_id, abs(net_qty) * last_price DESC, symbol COLLATE \"C\"), \
+     e AS (SELECT t.account_id, t.g, t.n, t.o, l.symbol, coalesce(l.x, 0) AS x, t.v \
+       FROM t LEFT JOIN l USING (account_id)) \
+     SELECT coalesce(e.account_id, r.account_id)::text, coalesce(row(e.*)::text, 'none'), \
+       coalesce(row(r.*)::text, 'none') \
+     FROM e FULL JOIN risk_v{v} r ON r.account_id = e.account_id \
+     WHERE (e.account_id, e.g, e.n, e.o, e.symbol, e.x, e.v) IS DISTINCT FROM \
+       (r.account_id, r.gross_exposure, r.net_exposure, r.open_positions, \
+        r.largest_position_symbol, r.largest_position_notional, r.version) \
+     ORDER BY 1";
+
+/// An upgrade: the previous code wrote the rows of the first part of the stream (scales
+/// kept), the new code continues them. Every row must keep the book's value, and once every
+/// account has had an event under the new code, its text too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_risk_rows_of_the_previous_code_continue_to_the_book() {
+    let events = stress(11, 5, 60);
+    let (db, view) = risk_db(1).await;
+    let mut client = db.client().await;
+    let old: Arc<dyn Projection> = Arc::new(OldRisk(Risk::new(1)));
+    let cut = events.len() / 2;
+    let log = Partition::from_events("trades", 0, &events[..cut]);
+    no_failures(&consume(&applier(old.clone()), &mut client, &log, 4).await);
+    assert!(rows(&client, &*view, VALUE_DIFFERENCES).await.is_empty());
+    let untrimmed = rows(&client, &*view, STORED).await != rows(&client, &*view, FROM_BOOK).await;
+    assert!(untrimmed, "the previous code's rows keep their scale");
+    let new = applier(view.clone());
+    let mut log = log;
+    for (i, e) in events.iter().enumerate().skip(cut) {
+        log.push_event(e);
+        no_failures(&consume(&new, &mut client, &log, 3).await);
+        assert_eq!(
+            rows(&client, &*view, VALUE_DIFFERENCES).await,
+            Vec::<Vec<String>>::new(),
+            "after event {i}"
+        );
+    }
+    let mut touched = std::collections::BTreeSet::new();
+    for e in &events[cut..] {
+        if e.event_type != "cash_adjusted" {
+            touched.insert(e.account_id);
+        }
+    }
+    assert_eq!(touched.len(), 5);
+    assert_eq!(
+        rows(&client, &*view, STORED).await,
+        rows(&client, &*view, FROM_BOOK).await
+    );
+}
+
+/// Rebuilt from a snapshot of the book part-way, then the tail: the rebuilt version equals
+/// the live one in text, and both equal the book.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_risk_snapshot_then_tail_equals_the_live_version_in_text() {
+    let events = stress(21, 5, 60);
+    let mut registry = Registry::new();
+    for v in 1..=3 {
+        registry.add(Arc::new(Risk::new(v))).expect("register");
+    }
+    let db = TestDb::new(&registry).await;
+    let mut client = db.client().await;
+    let cut = events.len() * 3 / 5;
+    let log = Partition::from_events("trades", 0, &events);
+    let prefix = Partition::from_events("trades", 0, &events[..cut]);
+    let (v1, v2, v3): (
+        Arc<dyn Projection>,
+        Arc<dyn Projection>,
+        Arc<dyn Projection>,
+    ) = (
+        Arc::new(Risk::new(1)),
+        Arc::new(Risk::new(2)),
+        Arc::new(Risk::new(3)),
+    );
+    no_failures(&consume(&applier(v1.clone()), &mut client, &log, 5).await);
+    no_failures(&consume(&applier(v2.clone()), &mut client, &prefix, 5).await);
+    let mut watermark = std::collections::BTreeMap::new();
+    for e in &events[..cut] {
+        watermark.insert(e.account_id, e.seq);
+    }
+    let (accounts, seqs): (Vec<i64>, Vec<i64>) = watermark.iter().map(|(a, s)| (*a, *s)).unzip();
+    client
+        .batch_execute(
+            "CREATE TABLE positions (account_id bigint NOT NULL, symbol text NOT NULL, \
+               net_qty numeric NOT NULL, last_price numeric NOT NULL, last_seq bigint NOT NULL, \
+               PRIMARY KEY (account_id, symbol)); \
+             CREATE TABLE account_seq (account_id bigint PRIMARY KEY, last_seq bigint NOT NULL); \
+             INSERT INTO positions SELECT account_id, symbol, net_qty, last_price, version \
+               FROM risk_positions_v2;",
+        )
+        .await
+        .expect("write side");
+    client
+        .execute(
+            "INSERT INTO account_seq SELECT * FROM unnest($1::bigint[], $2::bigint[])",
+            &[&accounts, &seqs],
+        )
+        .await
+        .expect("account_seq");
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .expect("begin");
+    let sql = render(&*v3, &v3.snapshot_sql().expect("snapshot"));
+    tx.query(&sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    tx.execute(
+        "INSERT INTO projector.account_progress (consumer, account_id, last_seq, watermark_seq) \
+         SELECT $1, a, w, w FROM unnest($2::bigint[], $3::bigint[]) AS t(a, w)",
+        &[&v3.consumer(), &accounts, &seqs],
+    )
+    .await
+    .expect("watermarks");
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        rows(&client, &*v3, STORED).await,
+        rows(&client, &*v3, FROM_BOOK).await,
+        "the seed"
+    );
+    no_failures(&consume(&applier(v3.clone()), &mut client, &log, 5).await);
+    assert_eq!(
+        rows(&client, &*v3, STORED).await,
+        rows(&client, &*v1, STORED).await
+    );
+    assert_eq!(
+        rows(&client, &*v3, STORED).await,
+        rows(&client, &*v3, FROM_BOOK).await
+    );
+}
+
+const BOOK: &str =
+    "SELECT account_id::text, symbol, net_qty::text, last_price::text, version::text \
+     FROM risk_positions_v{v} ORDER BY account_id, symbol COLLATE \"C\"";
+
+/// Two writers on two partitions that share every account (a partition-count change),
+/// concurrently: events wait for their gaps, drain when filled, and the account lock
+/// serializes the writers. The result equals one writer's, and the book's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn review_risk_two_concurrent_writers_sharing_accounts_equal_one_writer() {
+    let events = stress(31, 4, 80);
+    let mut registry = Registry::new();
+    for v in 1..=2 {
+        registry.add(Arc::new(Risk::new(v))).expect("register");
+    }
+    let db = TestDb::new(&registry).await;
+    let (v1, v2): (Arc<dyn Projection>, Arc<dyn Projection>) =
+        (Arc::new(Risk::new(1)), Arc::new(Risk::new(2)));
+    let mut rng = Lcg(0xc0c0);
+    let mut parts = [Partition::new("trades", 0), Partition::new("trades", 1)];
+    for e in &events {
+        parts[rng.below(2)].push_event(e);
+    }
+    let concurrent = Arc::new(applier(v1.clone()));
+    let mut writers = Vec::new();
+    for (i, part) in parts.into_iter().enumerate() {
+        let (applier, pool) = (concurrent.clone(), db.pool().clone());
+        writers.push(tokio::spawn(async move {
+            let mut client = pool.get().await.expect("connection");
+            for o in consume(&applier, &mut client, &part, [1, 4][i]).await {
+                let c = &o.counts;
+                assert_eq!((c.poison, c.failed, c.conflicts), (0, 0, 0), "{c:?}");
+            }
+        }));
+    }
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let mut client = db.client().await;
+    let left: i64 = client
+        .query_one("SELECT count(*) FROM projector.waiting_events", &[])
+        .await
+        .expect("waiting")
+        .get(0);
+    assert_eq!(left, 0, "everything drained");
+    let log = Partition::from_events("trades", 0, &events);
+    no_failures(&consume(&applier(v2.clone()), &mut client, &log, 6).await);
+    assert_eq!(
+        rows(&client, &*v1, BOOK).await,
+        rows(&client, &*v2, BOOK).await
+    );
+    assert_eq!(
+        rows(&client, &*v1, STORED).await,
+        rows(&client, &*v2, STORED).await
+    );
+    assert_eq!(
+        rows(&client, &*v1, STORED).await,
+        rows(&client, &*v1, FROM_BOOK).await
+    );
+}
+
+/// Reused ids (the fast path's plain insert fails, the rounds run again with ON CONFLICT and
+/// skip them), poison that parks accounts, and the repairs: `dlq skip` of each dead letter,
+/// `parked skip` and drains. The rows equal the book throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_risk_reused_ids_poison_and_repairs_keep_rows_equal_to_the_book() {
+    let events = stress(41, 5, 60);
+    let (db, view) = risk_db(1).await;
+    let mut client = db.client().await;
+    let applier = applier(view.clone());
+    let mut rng = Lcg(0xbad);
+    let mut log = Partition::new("trades", 0);
+    let mut earlier_ids: Vec<String> = Vec::new();
+    for e in &events {
+        if rng.chance(6) && !earlier_ids.is_empty() {
+            // An id the inbox has (another event's): skipped by the inbox.
+            let id = earlier_ids[rng.below(earlier_ids.len())].clone();
+            log.push_event(&e.clone().with_id(&id));
+        } else if rng.chance(5) && e.event_type == "fill_executed" {
+            // Poison (a negative price): dead-lettered, the account parks behind it; the
+            // producer republishes it corrected, now or never.
+            let mut bad = e.clone();
+            bad.data["price"] = "-1".into();
+            log.push_event(&bad);
+            if rng.chance(50) {
+                log.push_event(e);
+            }
+        } else {
+            log.push_event(e);
+        }
+        earlier_ids.push(e.event_id.clone());
+        if rng.chance(20) {
+            for o in consume(&applier, &mut client, &log, [1, 5, 17][rng.below(3)]).await {
+                assert_eq!(o.counts.failed, 0, "{:?}", o.counts);
+            }
+            assert_eq!(
+                rows(&client, &*view, STORED).await,
+                rows(&client, &*view, FROM_BOOK).await
+            );
+        }
+    }
+    consume(&applier, &mut client, &log, 8).await;
+    let row = client
+        .query_one(
+            "SELECT (SELECT sum(dup_inbox) FROM projector.offsets)::bigint, \
+                    (SELECT count(*) FROM projector.dead_letters), \
+                    (SELECT count(*) FROM projector.parked_accounts)",
+            &[],
+        )
+        .await
+        .expect("counts");
+    let (dup_inbox, dead, parked): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    assert!(
+        dup_inbox > 0 && dead > 0 && parked > 0,
+        "{dup_inbox} {dead} {parked}"
+    );
+    // Repairs until nothing is open or parked.
+    loop {
+        let open: Vec<i64> = client
+            .query(
+                "SELECT id FROM projector.dead_letters WHERE resolved_at IS NULL ORDER BY id",
+                &[],
+            )
+            .await
+            .expect("dead letters")
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let parked: Vec<(i64, i64)> = client
+            .query(
+                "SELECT account_id, blocked_seq FROM projector.parked_accounts ORDER BY 1",
+                &[],
+            )
+            .await
+            .expect("parked")
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        if open.is_empty() && parked.is_empty() {
+            break;
+        }
+        for id in open {
+            let _ = applier
+                .skip_dead_letter(&mut client, id, "review", "test")
+                .await;
+        }
+        for (account, seq) in parked {
+            let _ = applier
+                .skip_seq(&mut client, account, seq, "review", "test")
+                .await;
+            while applier
+                .drain_account(&mut client, account)
+                .await
+                .expect("drain")
+                .1
+            {}
+        }
+        assert_eq!(
+            rows(&client, &*view, STORED).await,
+            rows(&client, &*view, FROM_BOOK).await
+        );
+    }
+    assert_eq!(
+        rows(&client, &*view, STORED).await,
+        rows(&client, &*view, FROM_BOOK).await
+    );
+}
+
+/// The plan PostgreSQL caches after five executions (forced here), on a book of 200,000
+/// rows with statistics, and on one whose statistics say it is empty (a new version
+/// growing), under the engine's `enable_seqscan = off`: every risk table is read by key or
+/// tuple id, never scanned whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_risk_generic_plan_reads_no_whole_table() {
+    let (db, view) = risk_db(1).await;
+    let client = db.client().await;
+    for (stats_first, seqscan) in [(false, "on"), (true, "off")] {
+        client
+            .batch_execute(
+                "TRUNCATE risk_positions_v1, risk_v1; ALTER TABLE risk_positions_v1 SET (autovacuum_enabled = off); \
+                 ALTER TABLE risk_v1 SET (autovacuum_enabled = off);",
+            )
+            .await
+            .expect("reset");
+        if stats_first {
+            client
+                .batch_execute("ANALYZE risk_positions_v1, risk_v1")
+                .await
+                .expect("analyze");
+        }
+        client
+            .batch_execute(
+                "INSERT INTO risk_positions_v1 SELECT a, 'S' || s, s % 3 - 1, 1.5, 1 \
+                   FROM generate_series(1, 20000) a, generate_series(1, 10) s; \
+                 INSERT INTO risk_v1 SELECT a, 0, 0, 0, NULL, 0, 1 FROM generate_series(1, 20000) a;",
+            )
+            .await
+            .expect("populate");
+        if !stats_first {
+            client
+                .batch_execute("ANALYZE risk_positions_v1, risk_v1")
+                .await
+                .expect("analyze");
+        }
+        for guard in [
+            projector_engine::apply::InboxGuard::Fail,
+            projector_engine::apply::InboxGuard::Skip,
+        ] {
+            let statement = projector_engine::apply::compose_statement_with(&*view, guard);
+            client
+                .batch_execute(&format!(
+                    "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = {seqscan}; \
+                     DEALLOCATE ALL; PREPARE p AS {statement}"
+                ))
+                .await
+                .expect("prepare");
+            let plan: Vec<String> = client
+                .query(
+                    "EXPLAIN (COSTS OFF) EXECUTE p('risk_v1', ARRAY['x'], ARRAY[5::bigint], ARRAY[2::bigint], \
+                     ARRAY['fill_executed'], ARRAY[now()], ARRAY[false], ARRAY['S1'], ARRAY['buy'], \
+                     ARRAY[1::numeric], ARRAY[2::numeric])",
+                    &[],
+                )
+                .await
+                .expect("explain")
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let plan = plan.join("\n");
+            assert!(
+                plan.contains("Tid Scan on risk_positions_v1 before"),
+                "{plan}"
+            );
+            for table in ["risk_positions_v1", "risk_v1"] {
+                assert!(!plan.contains(&format!("Seq Scan on {table}")), "{plan}");
+            }
+        }
+    }
+}
+
+/// Not reachable through the engine (every path writes both tables in one statement, the
+/// snapshot seeds both from one book): an account whose book has rows but whose account row
+/// is gone (deleted by hand, a partial restore). The previous code wrote the row from the
+/// book at the account's next event; the incremental one starts from an empty row, so the
+/// next event breaks the `(largest_position_symbol IS NULL) = (open_positions = 0)` CHECK,
+/// is dead-lettered and parks the account. Shows the self-healing that was given up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "out-of-band state only: shows the self-healing the incremental row gave up"]
+async fn review_risk_account_row_missing_beside_its_book_is_not_rebuilt() {
+    let (db, view) = risk_db(1).await;
+    let mut client = db.client().await;
+    let applier = applier(view.clone());
+    let mut log = Partition::new("trades", 0);
+    log.push_event(&trade(1, 1, "EURUSD", "buy", "10", "2"));
+    no_failures(&consume(&applier, &mut client, &log, 1).await);
+    client
+        .batch_execute("DELETE FROM risk_v1 WHERE account_id = 1")
+        .await
+        .expect("lose the account row");
+    log.push_event(&trade(1, 2, "EURUSD", "buy", "1", "2"));
+    let outcomes = consume(&applier, &mut client, &log, 1).await;
+    assert_eq!(outcomes[0].counts.failed, 0, "{:?}", outcomes[0].counts);
+    assert_eq!(
+        rows(&client, &*view, STORED).await,
+        rows(&client, &*view, FROM_BOOK).await
+    );
+}
