@@ -532,3 +532,72 @@ async fn a_seq_whose_sound_event_waits_is_not_skipped() {
     assert_eq!(version_of_9(&client).await, 1003, "the correction applied");
     assert_eq!(open_dead_letters(&client).await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_gone_while_its_skip_waits_for_the_account_is_reported_as_gone() {
+    // The skip reads the dead letter's account, then waits for the account's lock (a batch
+    // holds it); meanwhile the dead letter goes (`retire --drop` deletes a version's dead
+    // letters). Once it has the lock the skip must say so in its own words, not fail with
+    // the database error of a row that is no longer there.
+    let (db, applier) = portfolio_db().await;
+    let applier = std::sync::Arc::new(applier);
+    let mut client = db.client().await;
+    let mut log = Partition::new("fills", 0);
+    log.push_event(&f9(1, "buy"));
+    log.push_event(&f9(2, "hold"));
+    applier
+        .apply(&mut client, &log.batch(0, 10))
+        .await
+        .expect("batch");
+    let id = one(&client, "SELECT id FROM projector.dead_letters").await;
+
+    // A batch of account 9 holds the account's lock.
+    let mut holder = db.client().await;
+    let tx = holder.transaction().await.expect("begin");
+    tx.execute(
+        "SELECT 1 FROM projector.account_progress WHERE account_id = 9 FOR UPDATE",
+        &[],
+    )
+    .await
+    .expect("lock");
+    let skip = {
+        let (applier, pool) = (applier.clone(), db.pool().clone());
+        tokio::spawn(async move {
+            let mut c = pool.get().await.expect("client");
+            applier.skip_dead_letter(&mut c, id, "carol", "bad").await
+        })
+    };
+    let observer = db.client().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut waited = false;
+    while std::time::Instant::now() < deadline {
+        let blocked = one(
+            &observer,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+        )
+        .await;
+        if blocked > 0 {
+            waited = true;
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(waited, "the skip must wait for the account's lock");
+    client
+        .execute("DELETE FROM projector.dead_letters WHERE id = $1", &[&id])
+        .await
+        .expect("delete");
+    tx.commit().await.expect("release");
+
+    let err = skip.await.expect("task").expect_err("nothing to skip");
+    assert!(
+        matches!(&err, ApplyError::Refused { reason, .. } if reason.contains(&format!("no dead letter {id}"))),
+        "{err}"
+    );
+    assert_eq!(
+        one(&client, "SELECT count(*) FROM projector.skips").await,
+        0,
+        "nothing recorded"
+    );
+}

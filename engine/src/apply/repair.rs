@@ -205,14 +205,17 @@ impl Applier {
         if let (Some(account), true) = (account, tracked) {
             self.lock_account(&tx, account).await?;
         }
+        // Read again under the account's lock: it may have gone meanwhile (`retire --drop`
+        // deletes a version's dead letters).
         let row = tx
-            .query_one(
+            .query_opt(
                 "SELECT seq, kind, resolved_at IS NOT NULL FROM projector.dead_letters \
                  WHERE id = $1 FOR UPDATE",
                 &[&id],
             )
             .await
-            .map_err(&err)?;
+            .map_err(&err)?
+            .ok_or_else(|| refused(format!("no dead letter {id} of this view version")))?;
         let (seq, kind): (Option<i64>, String) = (row.get(0), row.get(1));
         if row.get::<_, bool>(2) {
             return Err(refused(format!("dead letter {id} is resolved already")));
