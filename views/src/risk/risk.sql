@@ -67,7 +67,7 @@ rk_moved AS (
         version    = t.seq
     FROM rk_trade t, risk_positions_v{v} before
     WHERE rp.account_id = t.account_id AND rp.symbol = t.symbol AND before.ctid = rp.ctid
-    RETURNING rp.account_id, rp.symbol, rp.net_qty, rp.last_price,
+    RETURNING rp.account_id, rp.symbol, rp.net_qty, rp.last_price, rp.version,
               before.net_qty AS net_qty_before, before.last_price AS last_price_before
 ),
 -- A symbol never traded opens; there was no position before (NULLs). The account is locked
@@ -83,16 +83,17 @@ rk_opened AS (
         net_qty    = rp.net_qty + EXCLUDED.net_qty,
         last_price = EXCLUDED.last_price,
         version    = EXCLUDED.version
-    RETURNING rp.account_id, rp.symbol, rp.net_qty, rp.last_price,
+    RETURNING rp.account_id, rp.symbol, rp.net_qty, rp.last_price, rp.version,
               NULL::numeric AS net_qty_before, NULL::numeric AS last_price_before
 ),
--- Per event: the account row before (NULLs for a new account) and the moved symbol's
--- exposure before (0 when it was flat or new) and after. Only open positions count, and a
--- flat one's exposure is 0, so adding and taking away exposures needs no filter.
+-- Per event (the moved row's version is its seq): the account row before (NULLs for a new
+-- account) and the moved symbol's exposure before (0 when it was flat or new) and after.
+-- Only open positions count, and a flat one's exposure is 0, so adding and taking away
+-- exposures needs no filter.
 rk_step AS (
     SELECT m.account_id,
            m.symbol,
-           greatest(a.version, t.seq) AS version,
+           greatest(a.version, m.version) AS version,
            coalesce(a.gross_exposure, 0)
                - coalesce(abs(m.net_qty_before) * m.last_price_before, 0)
                + abs(m.net_qty) * m.last_price AS gross_exposure,
@@ -107,7 +108,6 @@ rk_step AS (
            a.largest_position_symbol AS largest_before,
            a.largest_position_notional AS notional_before
     FROM (SELECT * FROM rk_moved UNION ALL SELECT * FROM rk_opened) m
-    JOIN rk_trade t ON t.account_id = m.account_id AND t.symbol = m.symbol
     LEFT JOIN risk_v{v} a ON a.account_id = m.account_id
 ),
 -- The largest position after the event. Only the moved symbol's exposure changed, so:
