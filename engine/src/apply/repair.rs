@@ -50,15 +50,7 @@ impl Applier {
         // The account's lock before the dead letter's, the order a batch takes them (it
         // locks its accounts, then resolves or updates their dead letters).
         if self.ordered {
-            let account: Option<i64> = tx
-                .query_opt(
-                    "SELECT account_id FROM projector.dead_letters WHERE id = $1 AND consumer = $2",
-                    &[&id, &self.consumer],
-                )
-                .await
-                .map_err(&err)?
-                .and_then(|r| r.get(0));
-            if let Some(account) = account {
+            if let Some(Some(account)) = self.dead_letter_account(&tx, id).await? {
                 self.lock_account(&tx, account).await?;
             }
         }
@@ -184,15 +176,10 @@ impl Applier {
         };
         // The account's lock first, as a batch takes it before it writes dead letters: the
         // other order could deadlock with a batch resolving this very dead letter.
-        let account: Option<i64> = tx
-            .query_opt(
-                "SELECT account_id FROM projector.dead_letters WHERE id = $1 AND consumer = $2",
-                &[&id, &self.consumer],
-            )
-            .await
-            .map_err(&err)?
-            .ok_or_else(|| refused(format!("no dead letter {id} of this view version")))?
-            .get(0);
+        let account = self
+            .dead_letter_account(&tx, id)
+            .await?
+            .ok_or_else(|| refused(format!("no dead letter {id} of this view version")))?;
         let retired = tx
             .query_opt(
                 "SELECT 1 FROM projector.views WHERE consumer = $1 AND state = 'retired'",
@@ -258,6 +245,24 @@ impl Applier {
 
     /// Locks `account`'s progress row (created if missing) for the transaction, as a batch
     /// does before it touches the account's events or dead letters.
+    /// The account of this version's dead letter `id`, read without locking it (a repair
+    /// locks the account first, the order a batch takes them): `None` when there is no
+    /// such dead letter, `Some(None)` when its envelope named no account.
+    async fn dead_letter_account(
+        &self,
+        tx: &Transaction<'_>,
+        id: i64,
+    ) -> Result<Option<Option<i64>>, ApplyError> {
+        Ok(tx
+            .query_opt(
+                "SELECT account_id FROM projector.dead_letters WHERE id = $1 AND consumer = $2",
+                &[&id, &self.consumer],
+            )
+            .await
+            .map_err(self.db("reading the dead letter's account"))?
+            .map(|r| r.get(0)))
+    }
+
     async fn lock_account(&self, tx: &Transaction<'_>, account: i64) -> Result<(), ApplyError> {
         let err = self.db("locking the account");
         tx.execute(queries::ENSURE_PROGRESS, &[&self.consumer, &vec![account]])
