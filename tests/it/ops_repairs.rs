@@ -3,7 +3,7 @@
 //! equal to the fold without that event; both recorded with who and why, through the
 //! library and through `projector dlq` / `projector parked`.
 
-use crate::support::{trail_db, trail_fold, trail_of};
+use crate::support::{lock_waiters, trail_db, trail_fold, trail_of};
 use projector_engine::testkit::{fill, EventSpec, Partition, TestDb};
 use projector_engine::{Applier, ApplyError, Disposition, SourceOrdering};
 
@@ -567,23 +567,8 @@ async fn a_dead_letter_gone_while_its_skip_waits_for_the_account_is_reported_as_
             applier.skip_dead_letter(&mut c, id, "carol", "bad").await
         })
     };
-    let observer = db.client().await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let mut waited = false;
-    while std::time::Instant::now() < deadline {
-        let blocked = one(
-            &observer,
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
-        )
-        .await;
-        if blocked > 0 {
-            waited = true;
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert!(waited, "the skip must wait for the account's lock");
+    // The skip waits for the account's lock.
+    lock_waiters(&db.client().await, 1).await;
     client
         .execute("DELETE FROM projector.dead_letters WHERE id = $1", &[&id])
         .await
