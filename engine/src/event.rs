@@ -660,7 +660,9 @@ fn exact_from_text(name: &'static str, text: &str) -> Result<Decimal, DecodeErro
             .map_err(|_| field(name, format!("{}: the exponent is out of range", shown())))?,
     };
     // value = digits * 10^-(frac.len() - exponent)
-    let scale = i64::try_from(frac.len()).unwrap_or(i64::MAX) - exponent;
+    let scale = i64::try_from(frac.len())
+        .unwrap_or(i64::MAX)
+        .saturating_sub(exponent);
     if scale > i64::from(MAX_DECIMAL_PLACES) {
         return Err(field(
             name,
@@ -916,6 +918,9 @@ mod tests {
             ("1e29", "out of range"),
             ("1e400", "out of range"),
             ("1e99999999999999999999", "exponent"),
+            // The exponent's extremes: the places are computed without overflow.
+            ("1e-9223372036854775808", "more than 28 decimal places"),
+            ("1e9223372036854775807", "out of range"),
         ] {
             let err = dec(text).expect_err(text);
             assert!(err.to_string().contains(needle), "{text}: {err}");
