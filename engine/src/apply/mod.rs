@@ -340,26 +340,14 @@ impl Applier {
         let mut drained_for: HashSet<(usize, i64)> = HashSet::new();
         let mut first = true;
         while from < end {
-            let part = Batch {
-                topic: batch.topic.clone(),
-                partition: batch.partition,
-                start_offset: if from == 0 {
-                    batch.start_offset
-                } else {
-                    batch.messages[from].offset
-                },
-                messages: if drain_first.is_empty() {
-                    batch.messages[from..to].to_vec()
-                } else {
-                    Vec::new()
-                },
-            };
-            let part_decoded = if drain_first.is_empty() {
-                decoded[from..to].to_vec()
+            // A pass borrows its run of the batch; one that only drains an account first
+            // has no messages of its own.
+            let (messages, part_decoded) = if drain_first.is_empty() {
+                (&batch.messages[from..to], &decoded[from..to])
             } else {
-                Vec::new()
+                (&[][..], &[][..])
             };
-            let mut work = Work::new(&part, part_decoded);
+            let mut work = Work::pass(&batch.topic, batch.partition, messages, part_decoded);
             work.extra_accounts = std::mem::take(&mut drain_first);
             let draining = !work.extra_accounts.is_empty();
             let accounts = work.account_ids();

@@ -110,8 +110,14 @@ pub(crate) struct Conflict {
 /// Everything known about a batch while it is being applied.
 #[derive(Debug)]
 pub(crate) struct Work<'b> {
-    pub batch: &'b Batch,
-    pub decoded: Vec<Decoded>,
+    /// The topic and partition of the batch's messages.
+    pub topic: &'b str,
+    pub partition: i32,
+    /// The messages of this pass over the batch (the whole batch, usually), borrowed: a pass
+    /// copies none of them.
+    pub messages: &'b [Message],
+    /// Each message decoded, index for index.
+    pub decoded: &'b [Decoded],
     pub stored: Vec<StoredEvent>,
     pub accounts: Vec<AccountWork>,
     pub dispositions: Vec<Disposition>,
@@ -131,13 +137,27 @@ pub(crate) struct Work<'b> {
 }
 
 impl<'b> Work<'b> {
-    pub(crate) fn new(batch: &'b Batch, decoded: Vec<Decoded>) -> Self {
+    /// The work of a whole batch.
+    pub(crate) fn new(batch: &'b Batch, decoded: &'b [Decoded]) -> Self {
+        Self::pass(&batch.topic, batch.partition, &batch.messages, decoded)
+    }
+
+    /// The work of one pass over `messages`, a run of a batch of `topic`/`partition`, and
+    /// their decoded forms.
+    pub(crate) fn pass(
+        topic: &'b str,
+        partition: i32,
+        messages: &'b [Message],
+        decoded: &'b [Decoded],
+    ) -> Self {
         let poison = decoded
             .iter()
             .filter(|d| matches!(d, Decoded::Poison { .. }))
             .count() as u64;
         Self {
-            batch,
+            topic,
+            partition,
+            messages,
             dispositions: vec![Disposition::DeadLettered; decoded.len()],
             decoded,
             stored: Vec::new(),
@@ -185,10 +205,10 @@ impl<'b> Work<'b> {
     pub(crate) fn source(&self, item: Item) -> Source<'_> {
         match item {
             Item::Batch(i) => {
-                let m = &self.batch.messages[i];
+                let m = &self.messages[i];
                 Source {
-                    topic: &self.batch.topic,
-                    partition: self.batch.partition,
+                    topic: self.topic,
+                    partition: self.partition,
                     offset: m.offset,
                     key: m.key.as_deref(),
                     payload: &m.payload,
@@ -508,7 +528,7 @@ impl<'b> Work<'b> {
                     let candidate = after
                         && self.dispositions[i] == Disposition::Duplicate
                         && d.event().is_some_and(|e| e.event_id == held.event_id)
-                        && self.batch.messages[i].payload.as_slice() != held_bytes;
+                        && self.messages[i].payload.as_slice() != held_bytes;
                     if candidate && best.is_none_or(|(b, _)| i < b) {
                         best = Some((i, acc.account_id));
                     }
@@ -526,7 +546,7 @@ impl<'b> Work<'b> {
     ) -> Vec<(i64, Disposition)> {
         let mut out = Vec::new();
         for (i, s) in self.stored.iter().enumerate() {
-            if s.topic != self.batch.topic || s.partition != self.batch.partition {
+            if s.topic != self.topic || s.partition != self.partition {
                 continue;
             }
             if matches!(s.decoded, Decoded::Poison { .. }) {
@@ -652,7 +672,8 @@ mod tests {
     #[test]
     fn a_repeated_id_is_applied_once_whatever_its_seq_or_account() {
         let b = batch(&[f(1, 1), f(2, 1).with_id("fill_executed-1-1"), f(1, 2)]);
-        let mut w = Work::new(&b, decoded(&b));
+        let d = decoded(&b);
+        let mut w = Work::new(&b, &d);
         w.sequence(HashMap::new(), true);
         w.mark_repeated_ids(&all);
         assert_eq!(
@@ -666,7 +687,8 @@ mod tests {
     #[test]
     fn a_gap_filled_within_the_batch_leaves_nothing_waiting() {
         let b = batch(&[f(1, 2), f(1, 3), f(1, 1)]);
-        let mut w = Work::new(&b, decoded(&b));
+        let d = decoded(&b);
+        let mut w = Work::new(&b, &d);
         w.sequence(HashMap::new(), true);
         w.settle(true, &all);
         assert_eq!(w.dispositions, [Disposition::Applied; 3]);
@@ -677,7 +699,8 @@ mod tests {
     #[test]
     fn a_second_event_for_a_taken_seq_is_a_conflict_naming_both() {
         let b = batch(&[f(1, 1), f(1, 1).with_id("other"), f(1, 1)]);
-        let mut w = Work::new(&b, decoded(&b));
+        let d = decoded(&b);
+        let mut w = Work::new(&b, &d);
         w.sequence(HashMap::new(), true);
         w.classify_taken(&HashSet::new(), &HashSet::new());
         assert_eq!(w.counts.dup_seq, 1, "the exact repeat is a duplicate");
@@ -695,7 +718,8 @@ mod tests {
     #[test]
     fn an_older_seq_is_judged_by_the_last_event_or_the_inbox() {
         let b = batch(&[f(1, 3), f(1, 2), f(1, 2).with_id("stranger"), f(1, 1)]);
-        let mut w = Work::new(&b, decoded(&b));
+        let d = decoded(&b);
+        let mut w = Work::new(&b, &d);
         let state = AccountState {
             last_seq: 3,
             last_event_id: Some("fill_executed-1-3".to_owned()),
@@ -720,7 +744,8 @@ mod tests {
     #[test]
     fn an_event_that_waits_for_a_seq_later_in_the_batch_leaves_with_it() {
         let b = batch(&[f(1, 2), f(1, 4), f(1, 1), f(1, 3), f(1, 6)]);
-        let mut w = Work::new(&b, decoded(&b));
+        let d = decoded(&b);
+        let mut w = Work::new(&b, &d);
         w.sequence(HashMap::new(), true);
         w.settle(true, &all);
         use Disposition::*;
@@ -737,7 +762,8 @@ mod tests {
     #[test]
     fn settling_a_failure_parks_the_account_at_the_failed_seq() {
         let b = batch(&[f(1, 1), f(1, 2), f(1, 3), f(2, 1)]);
-        let mut w = Work::new(&b, decoded(&b));
+        let d = decoded(&b);
+        let mut w = Work::new(&b, &d);
         w.sequence(HashMap::new(), true);
         w.accounts[0].failures.push((1, "boom".to_owned()));
         w.settle(true, &all);
@@ -760,7 +786,8 @@ mod tests {
     #[test]
     fn settling_an_order_independent_failure_cuts_nothing() {
         let b = batch(&[f(1, 1), f(1, 2), f(1, 3)]);
-        let mut w = Work::new(&b, decoded(&b));
+        let d = decoded(&b);
+        let mut w = Work::new(&b, &d);
         w.sequence(HashMap::new(), false);
         w.accounts[0].failures.push((0, "boom".to_owned()));
         w.settle(false, &|e: &Event| e.seq != 3);

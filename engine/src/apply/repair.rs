@@ -81,8 +81,8 @@ impl Applier {
             start_offset: offset,
             messages: vec![Message::new(offset, row.get(3), row.get::<_, Vec<u8>>(4))],
         };
-        let decoded = batch.messages.iter().map(|m| self.decode(m)).collect();
-        let mut work = Work::new(&batch, decoded);
+        let decoded: Vec<_> = batch.messages.iter().map(|m| self.decode(m)).collect();
+        let mut work = Work::new(&batch, &decoded);
         let counts = self.repair_in(&mut tx, &mut work).await?;
         let disposition = work.dispositions[0];
         if disposition != Disposition::DeadLettered {
@@ -371,13 +371,7 @@ impl Applier {
         tx: &mut Transaction<'_>,
         account: i64,
     ) -> Result<(Counts, bool), ApplyError> {
-        let empty = Batch {
-            topic: String::new(),
-            partition: 0,
-            start_offset: 0,
-            messages: Vec::new(),
-        };
-        let mut work = Work::new(&empty, Vec::new());
+        let mut work = Work::pass("", 0, &[], &[]);
         work.extra_accounts.push(account);
         let counts = self.repair_in(tx, &mut work).await?;
         Ok((counts, !work.more_to_drain().is_empty()))
