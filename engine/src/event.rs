@@ -22,6 +22,7 @@ use rust_decimal::Decimal;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::borrow::Cow;
 
 /// Event type of a fill.
 pub const FILL_EXECUTED: &str = "fill_executed";
@@ -160,8 +161,7 @@ pub fn decode_envelope(message: &Message) -> Result<Event, DecodeError> {
     if let Some(key) = &message.key {
         // The key must be the account id's canonical text: "042" or "+42" name the same
         // account but hash to another partition, splitting its events across two writers.
-        let matches = key.as_slice() == env.account_id.to_string().as_bytes();
-        if !matches {
+        if !is_canonical_text(key, env.account_id) {
             return Err(field(
                 "account_id",
                 format!(
@@ -172,7 +172,7 @@ pub fn decode_envelope(message: &Message) -> Result<Event, DecodeError> {
             ));
         }
     }
-    let occurred_at: String = serde_json::from_str(env.occurred_at.get())
+    let occurred_at = json_str(env.occurred_at)
         .map_err(|_| field("occurred_at", "must be an RFC 3339 string"))?;
     let occurred_at = DateTime::parse_from_rfc3339(&occurred_at)
         .map_err(|e| {
@@ -514,8 +514,10 @@ pub fn account_key(payload: &[u8]) -> Option<Vec<u8>> {
 
 #[derive(Deserialize)]
 struct FillData<'a> {
-    symbol: String,
-    side: String,
+    #[serde(borrow)]
+    symbol: Cow<'a, str>,
+    #[serde(borrow)]
+    side: Cow<'a, str>,
     #[serde(borrow)]
     qty: &'a RawValue,
     #[serde(borrow)]
@@ -526,9 +528,12 @@ struct FillData<'a> {
 
 #[derive(Deserialize)]
 struct BustData<'a> {
-    fill_event_id: String,
-    symbol: String,
-    side: String,
+    #[serde(borrow)]
+    fill_event_id: Cow<'a, str>,
+    #[serde(borrow)]
+    symbol: Cow<'a, str>,
+    #[serde(borrow)]
+    side: Cow<'a, str>,
     #[serde(borrow)]
     qty: &'a RawValue,
     #[serde(borrow)]
@@ -539,7 +544,8 @@ struct BustData<'a> {
 struct CashData<'a> {
     #[serde(borrow)]
     amount: &'a RawValue,
-    reason: String,
+    #[serde(borrow)]
+    reason: Cow<'a, str>,
 }
 
 /// An identifier: 1 to [`MAX_ID_BYTES`] bytes, no control characters.
@@ -615,7 +621,7 @@ fn check_trade(
 pub fn exact_decimal(name: &'static str, raw: &RawValue) -> Result<Decimal, DecodeError> {
     let text = raw.get();
     if text.starts_with('"') {
-        let s: String = serde_json::from_str(text).map_err(|e| field(name, e.to_string()))?;
+        let s = json_str(raw).map_err(|e| field(name, e.to_string()))?;
         if !is_plain_decimal(&s) {
             return Err(field(
                 name,
@@ -672,29 +678,69 @@ fn exact_from_text(name: &'static str, text: &str) -> Result<Decimal, DecodeErro
             ),
         ));
     }
-    let mut digits: String = int.chars().chain(frac.chars()).collect();
-    if scale < 0 {
-        // An integer written with a positive exponent: append the zeros, within reason.
-        let zeros = usize::try_from(-scale).unwrap_or(usize::MAX);
-        if zeros > 40 {
-            return Err(out_of_range(name, &shown()));
-        }
-        digits.extend(std::iter::repeat_n('0', zeros));
-    }
-    let significant = digits.trim_start_matches('0');
-    if significant.len() > 30 {
+    // An integer written with a positive exponent gets its zeros appended, within reason.
+    let zeros = usize::try_from(-scale.min(0)).unwrap_or(usize::MAX);
+    if zeros > 40 {
         return Err(out_of_range(name, &shown()));
     }
-    let magnitude: i128 = if significant.is_empty() {
-        0
-    } else {
-        significant
-            .parse()
-            .map_err(|_| field(name, format!("{} is not a decimal number", shown())))?
-    };
+    // The digits, int then frac then the zeros, read into an integer without writing them
+    // out: at most 30 significant ones (more is out of range, and 30 fit an i128).
+    let mut magnitude: i128 = 0;
+    let mut significant = 0usize;
+    for d in int
+        .bytes()
+        .chain(frac.bytes())
+        .chain(std::iter::repeat_n(b'0', zeros))
+    {
+        if !d.is_ascii_digit() {
+            return Err(field(name, format!("{} is not a decimal number", shown())));
+        }
+        if significant == 0 && d == b'0' {
+            continue;
+        }
+        significant += 1;
+        if significant > 30 {
+            return Err(out_of_range(name, &shown()));
+        }
+        magnitude = magnitude * 10 + i128::from(d - b'0');
+    }
     let value = if negative { -magnitude } else { magnitude };
     let scale = u32::try_from(scale.max(0)).unwrap_or(u32::MAX);
     Decimal::try_from_i128_with_scale(value, scale).map_err(|_| out_of_range(name, &shown()))
+}
+
+/// The text of a JSON string, borrowed from the message where it holds no escape (as
+/// timestamps and decimals never do), unescaped into a new string where it does.
+fn json_str(raw: &RawValue) -> Result<Cow<'_, str>, serde_json::Error> {
+    serde_json::from_str::<&str>(raw.get())
+        .map(Cow::Borrowed)
+        .or_else(|_| serde_json::from_str::<String>(raw.get()).map(Cow::Owned))
+}
+
+/// Whether `key` is the canonical decimal text of `n` ("42", "-7"; not "042" or "+42"),
+/// compared without writing the text out.
+fn is_canonical_text(key: &[u8], n: i64) -> bool {
+    let (negative, digits) = match key.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, key),
+    };
+    if negative != (n < 0) || digits.is_empty() || digits.len() > 19 {
+        return false;
+    }
+    if digits.len() > 1 && digits[0] == b'0' {
+        return false;
+    }
+    if negative && digits == b"0" {
+        return false;
+    }
+    let mut magnitude = n.unsigned_abs();
+    for &d in digits.iter().rev() {
+        if !d.is_ascii_digit() || u64::from(d - b'0') != magnitude % 10 {
+            return false;
+        }
+        magnitude /= 10;
+    }
+    magnitude == 0
 }
 
 fn out_of_range(name: &'static str, shown: &str) -> DecodeError {
@@ -966,6 +1012,80 @@ mod tests {
         }
         assert!(decode(&Message::new(0, Some(b"42".to_vec()), payload)).is_ok());
         assert!(decode(&Message::new(0, None, payload)).is_ok());
+    }
+
+    #[test]
+    fn the_key_is_compared_as_the_canonical_text_would_be() {
+        let numbers = [
+            0,
+            1,
+            -1,
+            7,
+            10,
+            -10,
+            42,
+            100,
+            9,
+            99,
+            1_000_000_007,
+            i64::MAX,
+            i64::MIN,
+        ];
+        let keys = [
+            "",
+            "-",
+            "0",
+            "-0",
+            "00",
+            "01",
+            "+1",
+            "1",
+            "-1",
+            "7",
+            "10",
+            "-10",
+            "010",
+            "42",
+            "42 ",
+            "4a",
+            "100",
+            "1e2",
+            "9",
+            "99",
+            "1000000007",
+            "9223372036854775807",
+            "-9223372036854775808",
+            "9223372036854775808",
+            "19223372036854775807",
+        ];
+        for n in numbers {
+            for key in keys {
+                assert_eq!(
+                    is_canonical_text(key.as_bytes(), n),
+                    key == n.to_string(),
+                    "{key:?} against {n}"
+                );
+            }
+            assert!(is_canonical_text(n.to_string().as_bytes(), n), "{n}");
+        }
+    }
+
+    #[test]
+    fn escaped_strings_read_as_their_text() {
+        let payload = r#"{"event_id":"a","type":"fill_executed","account_id":1,"seq":1,"occurred_at":"2026-11-29T10:15:00\u005a","data":{"symbol":"\u0041BC","side":"b\u0075y","qty":"\u0031.5","price":"2"}}"#;
+        let event = decode(&Message::new(0, None, payload)).expect("escapes are text");
+        assert_eq!(event.occurred_at.to_rfc3339(), "2026-11-29T10:15:00+00:00");
+        let fields = [
+            crate::projection::Field::Text("symbol"),
+            crate::projection::Field::Decimal("qty"),
+        ];
+        assert_eq!(
+            extract_fields(&event, &fields).expect("fields"),
+            [
+                FieldValue::Text(Some("ABC".to_owned())),
+                FieldValue::Decimal(Some(Decimal::new(15, 1)))
+            ]
+        );
     }
 
     #[test]
