@@ -712,9 +712,14 @@ fn exact_from_text(name: &'static str, text: &str) -> Result<Decimal, DecodeErro
 /// The text of a JSON string, borrowed from the message where it holds no escape (as
 /// timestamps and decimals never do), unescaped into a new string where it does.
 fn json_str(raw: &RawValue) -> Result<Cow<'_, str>, serde_json::Error> {
-    serde_json::from_str::<&str>(raw.get())
-        .map(Cow::Borrowed)
-        .or_else(|_| serde_json::from_str::<String>(raw.get()).map(Cow::Owned))
+    let text = raw.get();
+    // `raw` is valid JSON: a string without a backslash is its text between the quotes.
+    if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+        if !inner.contains('\\') {
+            return Ok(Cow::Borrowed(inner));
+        }
+    }
+    serde_json::from_str::<String>(text).map(Cow::Owned)
 }
 
 /// Whether `key` is the canonical decimal text of `n` ("42", "-7"; not "042" or "+42"),

@@ -383,7 +383,7 @@ impl Applier {
 
             self.plan(tx, &mut work, states).await?;
             let release = self.execute(tx, &mut work).await?;
-            work.settle(self.ordered, &|e| self.sends(e));
+            work.settle(self.ordered);
             // A drain of an account first that did not move it (its failed event waits on
             // something outside that pass) would be asked for again, forever: the second
             // time for the same part and account, the part goes on without the split, the correction dropped as a
@@ -419,7 +419,7 @@ impl Applier {
                 .write_bookkeeping(tx, &work, advance, release, &total)
                 .await?;
             // Events an earlier pass of this batch stored as waiting may have left now.
-            for (offset, d) in work.stored_outcomes(&|e| self.sends(e)) {
+            for (offset, d) in work.stored_outcomes() {
                 if let Some(i) = batch.messages[..from]
                     .iter()
                     .position(|m| m.offset == offset)
@@ -492,7 +492,11 @@ impl Applier {
                 Ok((event, values))
             });
         match result {
-            Ok((event, values)) => Decoded::Event(event, values),
+            Ok((event, values)) => Decoded::Event {
+                sent: self.sends(&event),
+                event,
+                values,
+            },
             Err(error) => Decoded::Poison {
                 error,
                 salvage: salvage(&message.payload),
@@ -693,7 +697,7 @@ impl Applier {
         work.sequence(states, self.tracking == Tracking::Seq);
 
         let ids: Vec<String> = work
-            .ids_to_check(self.projection.dedup().uses_inbox(), &|e| self.sends(e))
+            .ids_to_check(self.projection.dedup().uses_inbox())
             .into_iter()
             .map(str::to_owned)
             .collect();
@@ -709,7 +713,7 @@ impl Applier {
         };
         let checked: HashSet<String> = ids.into_iter().collect();
         work.classify_taken(&checked, &known);
-        work.mark_repeated_ids(&|e| self.sends(e));
+        work.mark_repeated_ids();
         Ok(())
     }
 }

@@ -15,7 +15,13 @@ use crate::sequencer::{self, Item, Verdict};
 pub(crate) enum Decoded {
     /// A sound envelope, and sound data when the view subscribes to its type, with the
     /// values of the fields the view declares (empty for a type it does not read).
-    Event(Event, Vec<FieldValue>),
+    Event {
+        event: Event,
+        values: Vec<FieldValue>,
+        /// The view subscribes to its type: it goes to the view's statement. Decided once,
+        /// at decode, where the type's text is at hand.
+        sent: bool,
+    },
     /// Poison for this view: dead-lettered with what its envelope still yields.
     Poison {
         /// Why, for the dead-letter row.
@@ -28,16 +34,21 @@ pub(crate) enum Decoded {
 impl Decoded {
     pub(crate) fn values(&self) -> &[FieldValue] {
         match self {
-            Decoded::Event(_, values) => values,
+            Decoded::Event { values, .. } => values,
             Decoded::Poison { .. } => &[],
         }
     }
 
     pub(crate) fn event(&self) -> Option<&Event> {
         match self {
-            Decoded::Event(e, _) => Some(e),
+            Decoded::Event { event, .. } => Some(event),
             Decoded::Poison { .. } => None,
         }
+    }
+
+    /// A sound event of a type the view subscribes to.
+    pub(crate) fn is_sent(&self) -> bool {
+        matches!(self, Decoded::Event { sent: true, .. })
     }
 }
 
@@ -202,6 +213,14 @@ impl<'b> Work<'b> {
         }
     }
 
+    /// Whether an item is a sound event of a type the view subscribes to.
+    pub(crate) fn sends(&self, item: Item) -> bool {
+        match item {
+            Item::Batch(i) => self.decoded[i].is_sent(),
+            Item::Stored(i) => self.stored[i].decoded.is_sent(),
+        }
+    }
+
     pub(crate) fn source(&self, item: Item) -> Source<'_> {
         match item {
             Item::Batch(i) => {
@@ -309,11 +328,7 @@ impl<'b> Work<'b> {
     /// The batch events whose `seq` was taken before this batch and whose id only the inbox
     /// can vouch for: subscribed events (only those leave an inbox row) of a view with an
     /// inbox, unless the account's last event settles it.
-    pub(crate) fn ids_to_check(
-        &self,
-        uses_inbox: bool,
-        subscribed: &dyn Fn(&Event) -> bool,
-    ) -> Vec<&str> {
+    pub(crate) fn ids_to_check(&self, uses_inbox: bool) -> Vec<&str> {
         if !uses_inbox {
             return Vec::new();
         }
@@ -324,7 +339,7 @@ impl<'b> Work<'b> {
                     continue;
                 };
                 let settled = ev.seq == acc.initial.last_seq && acc.initial.last_event_id.is_some();
-                if !settled && subscribed(ev) {
+                if !settled && self.decoded[i].is_sent() {
                     ids.push(ev.event_id.as_str());
                 }
             }
@@ -393,13 +408,13 @@ impl<'b> Work<'b> {
     /// Marks emitted events whose id an earlier emitted event of the batch carries (accounts
     /// in order, each account's events in order), with that first carrier. `sent` says
     /// whether an event goes to the view's statement at all.
-    pub(crate) fn mark_repeated_ids(&mut self, sent: &dyn Fn(&Event) -> bool) {
-        let mut first: HashMap<&str, Item> = HashMap::new();
+    pub(crate) fn mark_repeated_ids(&mut self) {
+        let mut first: HashMap<&str, Item> = HashMap::with_capacity(self.decoded.len());
         let mut repeats = HashMap::new();
         for acc in &self.accounts {
             for &(_, item) in &acc.plan.emitted {
                 let Some(ev) = self.event(item) else { continue };
-                if sent(ev) {
+                if self.sends(item) {
                     let carrier = *first.entry(ev.event_id.as_str()).or_insert(item);
                     if carrier != item {
                         repeats.insert(item, carrier);
@@ -424,7 +439,7 @@ impl<'b> Work<'b> {
     /// Folds statement failures into each account's plan and fills in the dispositions and
     /// counts of what the statements did not count. In an order-dependent view, nothing
     /// after a failed event is applied: it waits, and the account parks at the failed `seq`.
-    pub(crate) fn settle(&mut self, ordered: bool, subscribed: &dyn Fn(&Event) -> bool) {
+    pub(crate) fn settle(&mut self, ordered: bool) {
         let mut counts = Counts::default();
         let mut uncounted_repeats = 0;
         for a in 0..self.accounts.len() {
@@ -439,7 +454,7 @@ impl<'b> Work<'b> {
                 _ => acc.plan.emitted.len(),
             };
             for (k, &(_, item)) in acc.plan.emitted.iter().enumerate() {
-                let is_subscribed = self.event(item).is_some_and(subscribed);
+                let is_subscribed = self.sends(item);
                 if k > cut {
                     if let Item::Batch(i) = item {
                         self.dispositions[i] = Disposition::Waiting;
@@ -540,10 +555,7 @@ impl<'b> Work<'b> {
 
     /// What became, in this pass, of stored events that came from `topic`/`partition`
     /// (waiting events an earlier pass of the same batch stored): by offset.
-    pub(crate) fn stored_outcomes(
-        &self,
-        subscribed: &dyn Fn(&Event) -> bool,
-    ) -> Vec<(i64, Disposition)> {
+    pub(crate) fn stored_outcomes(&self) -> Vec<(i64, Disposition)> {
         let mut out = Vec::new();
         for (i, s) in self.stored.iter().enumerate() {
             if s.topic != self.topic || s.partition != self.partition {
@@ -563,7 +575,7 @@ impl<'b> Work<'b> {
                 {
                     let d = if failed.contains(&k) {
                         Disposition::DeadLettered
-                    } else if self.event(Item::Stored(i)).is_some_and(subscribed) {
+                    } else if self.sends(Item::Stored(i)) {
                         Disposition::Applied
                     } else {
                         Disposition::Ignored
@@ -657,16 +669,16 @@ mod tests {
     fn decoded(b: &Batch) -> Vec<Decoded> {
         b.messages
             .iter()
-            .map(|m| Decoded::Event(decode(m).expect("valid"), Vec::new()))
+            .map(|m| Decoded::Event {
+                event: decode(m).expect("valid"),
+                values: Vec::new(),
+                sent: true,
+            })
             .collect()
     }
 
     fn f(account: i64, seq: i64) -> Spec {
         Spec(format!("fill_executed-{account}-{seq}"), account, seq)
-    }
-
-    fn all(_: &Event) -> bool {
-        true
     }
 
     #[test]
@@ -675,7 +687,7 @@ mod tests {
         let d = decoded(&b);
         let mut w = Work::new(&b, &d);
         w.sequence(HashMap::new(), true);
-        w.mark_repeated_ids(&all);
+        w.mark_repeated_ids();
         assert_eq!(
             w.repeats.keys().copied().collect::<Vec<_>>(),
             [Item::Batch(1)]
@@ -690,7 +702,7 @@ mod tests {
         let d = decoded(&b);
         let mut w = Work::new(&b, &d);
         w.sequence(HashMap::new(), true);
-        w.settle(true, &all);
+        w.settle(true);
         assert_eq!(w.dispositions, [Disposition::Applied; 3]);
         assert_eq!((w.counts.waiting, w.counts.drained), (0, 0));
         assert_eq!(w.accounts[0].blocked_seq(), None);
@@ -727,7 +739,7 @@ mod tests {
         };
         w.sequence([(1, state)].into(), true);
         let ids: Vec<String> = w
-            .ids_to_check(true, &all)
+            .ids_to_check(true)
             .into_iter()
             .map(str::to_owned)
             .collect();
@@ -747,7 +759,7 @@ mod tests {
         let d = decoded(&b);
         let mut w = Work::new(&b, &d);
         w.sequence(HashMap::new(), true);
-        w.settle(true, &all);
+        w.settle(true);
         use Disposition::*;
         assert_eq!(
             w.dispositions,
@@ -766,7 +778,7 @@ mod tests {
         let mut w = Work::new(&b, &d);
         w.sequence(HashMap::new(), true);
         w.accounts[0].failures.push((1, "boom".to_owned()));
-        w.settle(true, &all);
+        w.settle(true);
         let acc = &w.accounts[0];
         assert_eq!(acc.plan.last_seq, 1);
         assert_eq!(acc.blocked_seq(), Some(2));
@@ -786,11 +798,15 @@ mod tests {
     #[test]
     fn settling_an_order_independent_failure_cuts_nothing() {
         let b = batch(&[f(1, 1), f(1, 2), f(1, 3)]);
-        let d = decoded(&b);
+        // The view does not subscribe to the third event's type.
+        let mut d = decoded(&b);
+        if let Decoded::Event { sent, .. } = &mut d[2] {
+            *sent = false;
+        }
         let mut w = Work::new(&b, &d);
         w.sequence(HashMap::new(), false);
         w.accounts[0].failures.push((0, "boom".to_owned()));
-        w.settle(false, &|e: &Event| e.seq != 3);
+        w.settle(false);
         assert_eq!(
             w.dispositions,
             [

@@ -394,7 +394,7 @@ impl Applier {
         work.live = live;
         self.plan(tx, work, states).await?;
         let release = self.execute(tx, work).await?;
-        work.settle(self.ordered, &|e| self.sends(e));
+        work.settle(self.ordered);
         self.write_bookkeeping(tx, work, None, release, &Counts::default())
             .await
     }

@@ -230,7 +230,7 @@ impl Applier {
         for (a, acc) in work.accounts.iter().enumerate() {
             let mut r = 0;
             for (k, &(_, item)) in acc.plan.emitted.iter().enumerate() {
-                if work.is_repeat(item) || !work.event(item).is_some_and(|e| self.sends(e)) {
+                if work.is_repeat(item) || !work.sends(item) {
                     continue;
                 }
                 let slot = if single { 0 } else { r };
