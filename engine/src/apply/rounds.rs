@@ -130,16 +130,25 @@ impl<'a> Columns<'a> {
     where
         I: IntoIterator<Item = (&'a Event, &'a [FieldValue], bool)>,
     {
+        let events = events.into_iter();
+        // Every column has one entry per event: sized once, not grown by doubling.
+        let (low, high) = events.size_hint();
+        let n = high.unwrap_or(low);
         let mut c = Columns {
+            ids: Vec::with_capacity(n),
+            accounts: Vec::with_capacity(n),
+            seqs: Vec::with_capacity(n),
+            types: Vec::with_capacity(n),
+            times: Vec::with_capacity(n),
+            emit: Vec::with_capacity(n),
             fields: fields
                 .iter()
                 .map(|f| match f {
-                    Field::Text(_) => FieldColumn::Text(Vec::new()),
-                    Field::Decimal(_) => FieldColumn::Decimal(Vec::new()),
-                    Field::Data => FieldColumn::Data(Vec::new()),
+                    Field::Text(_) => FieldColumn::Text(Vec::with_capacity(n)),
+                    Field::Decimal(_) => FieldColumn::Decimal(Vec::with_capacity(n)),
+                    Field::Data => FieldColumn::Data(Vec::with_capacity(n)),
                 })
                 .collect(),
-            ..Columns::default()
         };
         for (ev, values, emit) in events {
             c.ids.push(&ev.event_id);
