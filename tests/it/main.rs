@@ -29,6 +29,7 @@ mod ops_repairs;
 mod ops_status;
 mod rebuild;
 mod rebuild_notices;
+mod review_borrowed_passes;
 mod review_fast_inbox;
 mod review_fast_inbox_unordered;
 mod review_holes;
