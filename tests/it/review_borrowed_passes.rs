@@ -22,7 +22,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use crate::support::{applier_db, kinds, trail_of, Tally, Trail};
+use crate::support::{applier_db, kinds, trail_of, trail_parks, Tally, Trail};
 use projector_engine::testkit::{bust, cash, fill, EventSpec, Lcg, Partition, TestDb};
 use projector_engine::{Applier, DedupMode, Disposition, Registry, SourceOrdering};
 use projector_views::{Eod, Portfolio};
@@ -33,20 +33,6 @@ const AT: &str = "2026-12-01T10:15:00Z";
 
 fn f(account: i64, seq: i64, qty: &str) -> EventSpec {
     fill(account, seq, AT, "EURUSD", "buy", qty, "1.5", "0")
-}
-
-async fn parks(client: &deadpool_postgres::Client) -> Vec<(i64, i64)> {
-    client
-        .query(
-            "SELECT account_id, blocked_seq FROM projector.parked_accounts \
-             WHERE consumer = 'trail_v1' ORDER BY 1",
-            &[],
-        )
-        .await
-        .expect("parks")
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
 }
 
 async fn waiting(client: &deadpool_postgres::Client) -> Vec<(i64, i64)> {
@@ -120,7 +106,7 @@ async fn sent_a_waiting_event_of_an_ignored_type_drains_as_ignored() {
     );
     assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1,2,4"));
     assert_eq!(last_seq(&client, 1).await, Some(4));
-    assert!(parks(&client).await.is_empty());
+    assert!(trail_parks(&client).await.is_empty());
     assert!(waiting(&client).await.is_empty());
     assert!(open_dead_letters(&client).await.is_empty());
 }
@@ -219,7 +205,7 @@ async fn sent_the_pass_after_a_split_settles_what_the_pass_before_left_waiting()
     );
     assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1,2,4"));
     assert_eq!(trail_of(&client, 2).await.as_deref(), Some("1,2"));
-    assert!(parks(&client).await.is_empty());
+    assert!(trail_parks(&client).await.is_empty());
     assert!(waiting(&client).await.is_empty());
     assert!(
         open_dead_letters(&client).await.is_empty(),
@@ -274,7 +260,7 @@ async fn sent_repairs_send_what_waited_by_its_type() {
     assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1,4,6"));
     assert_eq!(last_seq(&client, 1).await, Some(6));
     assert!(
-        parks(&client).await.is_empty(),
+        trail_parks(&client).await.is_empty(),
         "nothing waits behind account 2"
     );
     assert_eq!(
@@ -304,7 +290,7 @@ async fn sent_repairs_send_what_waited_by_its_type() {
         .expect("retry");
     assert_eq!(disposition, Applied, "{counts:?}");
     assert_eq!(trail_of(&client, 2).await.as_deref(), Some("1"));
-    assert!(parks(&client).await.is_empty());
+    assert!(trail_parks(&client).await.is_empty());
     assert!(open_dead_letters(&client).await.is_empty());
 }
 
@@ -358,7 +344,7 @@ async fn sent_a_drain_step_sends_what_waited_by_its_type() {
     );
     assert_eq!(last_seq(&client, 1).await, Some(1105));
     assert!(waiting(&client).await.is_empty());
-    assert!(parks(&client).await.is_empty());
+    assert!(trail_parks(&client).await.is_empty());
     let events: i64 = client
         .query_one("SELECT events FROM trail_v1 WHERE account_id = 1", &[])
         .await

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use crate::support::{
-    applier_db, kinds, lock_waiters, offsets, spawn_apply, trail_of, Tally, Trail,
+    applier_db, kinds, lock_waiters, offsets, spawn_apply, trail_of, trail_parks, Tally, Trail,
 };
 use projector_engine::testkit::{cash, fill, EventSpec, Partition};
 use projector_engine::{Applier, Batch, BatchOutcome, DedupMode, Disposition};
@@ -56,20 +56,6 @@ async fn open_dead_letters(
         .collect()
 }
 
-async fn parked(client: &deadpool_postgres::Client) -> Vec<(i64, i64)> {
-    client
-        .query(
-            "SELECT account_id, blocked_seq FROM projector.parked_accounts \
-             WHERE consumer = 'trail_v1' ORDER BY account_id",
-            &[],
-        )
-        .await
-        .expect("parks")
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
-}
-
 async fn last_seq(client: &deadpool_postgres::Client, account: i64) -> i64 {
     client
         .query_one(
@@ -98,7 +84,7 @@ async fn fast_inbox_a_drained_waiting_event_with_a_reused_id_is_skipped_and_unpa
     log.push_event(&f(2, 3, "1")); // 1: waits too
     let first = apply(&applier, &mut client, &log.batch(0, 10)).await;
     assert_eq!(kinds(&first), [Waiting, Waiting]);
-    assert_eq!(parked(&client).await, [(2, 1)]);
+    assert_eq!(trail_parks(&client).await, [(2, 1)]);
 
     log.push_event(&f(1, 1, "1").with_id("shared")); // 2: the id reaches the inbox
     log.push_event(&f(2, 1, "1")); // 3: releases account 2: 2 (shared) and 3 drain
@@ -108,7 +94,7 @@ async fn fast_inbox_a_drained_waiting_event_with_a_reused_id_is_skipped_and_unpa
     assert_eq!(second.counts.drained, 2, "{:?}", second.counts);
     assert_eq!(trail_of(&client, 1).await.as_deref(), Some("1"));
     assert_eq!(trail_of(&client, 2).await.as_deref(), Some("1,3"));
-    assert!(parked(&client).await.is_empty());
+    assert!(trail_parks(&client).await.is_empty());
     assert!(open_dead_letters(&client).await.is_empty());
     assert_eq!(last_seq(&client, 2).await, 3);
     assert_eq!(
@@ -142,7 +128,7 @@ async fn fast_inbox_retrying_a_dead_letter_whose_id_the_inbox_has_resolves_it() 
     assert_eq!(disposition, Applied);
     assert_eq!((counts.dup_inbox, counts.drained), (1, 1), "{counts:?}");
     assert!(open_dead_letters(&client).await.is_empty());
-    assert!(parked(&client).await.is_empty());
+    assert!(trail_parks(&client).await.is_empty());
     assert_eq!(trail_of(&client, 1).await.as_deref(), Some("2"));
     assert_eq!(trail_of(&client, 2).await.as_deref(), Some("1"));
     assert_eq!(last_seq(&client, 1).await, 2);
@@ -190,7 +176,7 @@ async fn fast_inbox_skip_and_drain_apply_around_a_reused_id() {
         "{counts:?}"
     );
     assert_eq!(trail_of(&client, 3).await.as_deref(), Some("3"));
-    assert!(parked(&client).await.is_empty());
+    assert!(trail_parks(&client).await.is_empty());
     assert!(open_dead_letters(&client).await.is_empty());
     assert_eq!(
         one(&client, "SELECT count(*) FROM projector.waiting_events").await,
@@ -227,7 +213,7 @@ async fn fast_inbox_a_reused_id_beside_a_failure_and_its_correction_splits_as_be
     );
     assert_eq!(trail_of(&client, 2).await.as_deref(), Some("1,2"));
     assert_eq!(trail_of(&client, 3).await.as_deref(), Some("2"));
-    assert!(parked(&client).await.is_empty());
+    assert!(trail_parks(&client).await.is_empty());
     assert_offsets_add_up(&client, TRAIL, 6).await;
 }
 

@@ -380,6 +380,21 @@ pub async fn trail_of(client: &deadpool_postgres::Client, account: i64) -> Optio
         .map(|r| r.get(0))
 }
 
+/// The parked accounts of `trail_v1`: (account, blocked seq), by account.
+pub async fn trail_parks(client: &deadpool_postgres::Client) -> Vec<(i64, i64)> {
+    client
+        .query(
+            "SELECT account_id, blocked_seq FROM projector.parked_accounts \
+             WHERE consumer = 'trail_v1' ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("parks")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
 /// Dead letters (offset, kind, resolution or "open"), parks (account, blocked seq),
 /// progress (account, last seq) of `trail_v1`, and the trails of accounts 1 to 3.
 pub type TrailState = (
@@ -401,17 +416,7 @@ pub async fn trail_state(client: &deadpool_postgres::Client) -> TrailState {
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
-    let parks = client
-        .query(
-            "SELECT account_id, blocked_seq FROM projector.parked_accounts \
-             WHERE consumer = 'trail_v1' ORDER BY 1",
-            &[],
-        )
-        .await
-        .expect("parks")
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let parks = trail_parks(client).await;
     let progress = client
         .query(
             "SELECT account_id, last_seq FROM projector.account_progress \
