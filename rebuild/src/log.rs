@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use projector_engine::event::salvage;
 use projector_engine::kafka::source::KafkaConfig;
+use projector_engine::ops::topic::partitions_of;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message as _;
@@ -60,20 +61,11 @@ impl Log {
 
     /// The topic's partitions, in order.
     pub fn partitions(&self) -> Result<Vec<i32>, RebuildError> {
-        let metadata = self
-            .client
-            .fetch_metadata(Some(&self.topic), TIMEOUT)
+        let out = partitions_of(&self.client, &self.topic, TIMEOUT)
             .map_err(kafka("reading the topic's metadata"))?;
-        let mut out: Vec<i32> = metadata
-            .topics()
-            .iter()
-            .filter(|t| t.name() == self.topic && t.error().is_none())
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
         if out.is_empty() {
             return Err(RebuildError::NoTopic(self.topic.clone()));
         }
-        out.sort_unstable();
         Ok(out)
     }
 

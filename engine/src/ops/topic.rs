@@ -29,6 +29,24 @@ pub struct Extent {
     pub high: i64,
 }
 
+/// The partitions of `topic` from the broker's metadata, in order; none when the broker
+/// does not know the topic (or reports an error for it).
+pub fn partitions_of(
+    client: &BaseConsumer,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Vec<i32>, KafkaError> {
+    let metadata = client.fetch_metadata(Some(topic), timeout)?;
+    let mut partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic && t.error().is_none())
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    partitions.sort_unstable();
+    Ok(partitions)
+}
+
 /// A groupless client of one topic. Message times are cached by (partition, offset): a
 /// message's time never changes, and a stuck view asks for the same one every time.
 pub struct TopicProbe {
@@ -78,20 +96,11 @@ impl TopicProbe {
     /// Every partition's low and high watermark, in partition order. Fails when the brokers
     /// cannot be reached or do not know the topic.
     pub fn extents(&self) -> Result<Vec<Extent>, OpsError> {
-        let metadata = self
-            .client
-            .fetch_metadata(Some(&self.topic), self.timeout)
+        let partitions = partitions_of(&self.client, &self.topic, self.timeout)
             .map_err(kafka("reading the topic's metadata"))?;
-        let mut partitions: Vec<i32> = metadata
-            .topics()
-            .iter()
-            .filter(|t| t.name() == self.topic && t.error().is_none())
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
         if partitions.is_empty() {
             return Err(OpsError::NoTopic(self.topic.clone()));
         }
-        partitions.sort_unstable();
         partitions
             .into_iter()
             .map(|partition| {
