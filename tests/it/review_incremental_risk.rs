@@ -11,12 +11,11 @@
 
 use std::sync::Arc;
 
-use deadpool_postgres::Client;
-use projector_engine::projection::render;
+use crate::support::{applier, last_seqs, seed_from_snapshots, totals, view_rows};
 use projector_engine::testkit::{
     bust, cash, consume, consume_with_crashes, EventSpec, Lcg, Partition, TestDb,
 };
-use projector_engine::{Applier, BatchOutcome, Counts, Projection, Registry, SourceOrdering};
+use projector_engine::{Projection, Registry};
 use projector_views::Risk;
 
 const AT: &str = "2026-11-28T10:00:00Z";
@@ -40,31 +39,6 @@ const FROM_BOOK: &str = "WITH b AS (SELECT account_id, symbol, net_qty, last_pri
 const STORED: &str = "SELECT account_id::text, gross_exposure::text, net_exposure::text, \
      open_positions::text, coalesce(largest_position_symbol, 'NULL'), \
      largest_position_notional::text, version::text FROM risk_v{v} ORDER BY account_id";
-
-async fn rows(client: &Client, view: &dyn Projection, sql: &str) -> Vec<Vec<String>> {
-    let sql = render(view, sql);
-    client
-        .query(&sql, &[])
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .iter()
-        .map(|row| (0..row.len()).map(|i| row.get::<_, String>(i)).collect())
-        .collect()
-}
-
-fn applier(view: Arc<dyn Projection>) -> Applier {
-    Applier::new(view, SourceOrdering::PerAccount).expect("applier")
-}
-
-fn no_failures(outcomes: &[BatchOutcome]) -> Counts {
-    let mut t = Counts::default();
-    for o in outcomes {
-        let c = &o.counts;
-        assert_eq!((c.poison, c.failed, c.waiting), (0, 0, 0), "{c:?}");
-        t += c;
-    }
-    t
-}
 
 async fn risk_db(v: i32) -> (TestDb, Arc<dyn Projection>) {
     let view: Arc<dyn Projection> = Arc::new(Risk::new(v));
@@ -175,10 +149,10 @@ async fn review_risk_stress_rows_equal_the_book_after_every_batch() {
             let batch = [1, 3, 7, 64][rng.below(4)];
             let outcomes =
                 consume_with_crashes(&applier, &mut client, &log, batch, |_| rng.chance(10)).await;
-            no_failures(&outcomes);
+            totals("risk", &outcomes);
             assert_eq!(
-                rows(&client, &*view, STORED).await,
-                rows(&client, &*view, FROM_BOOK).await,
+                view_rows(&client, &*view, STORED).await,
+                view_rows(&client, &*view, FROM_BOOK).await,
                 "seed {seed}, after {i} events"
             );
         }
@@ -314,17 +288,23 @@ async fn review_risk_rows_of_the_previous_code_continue_to_the_book() {
     let old: Arc<dyn Projection> = Arc::new(OldRisk(Risk::new(1)));
     let cut = events.len() / 2;
     let log = Partition::from_events("trades", 0, &events[..cut]);
-    no_failures(&consume(&applier(old.clone()), &mut client, &log, 4).await);
-    assert!(rows(&client, &*view, VALUE_DIFFERENCES).await.is_empty());
-    let untrimmed = rows(&client, &*view, STORED).await != rows(&client, &*view, FROM_BOOK).await;
+    totals(
+        "risk",
+        &consume(&applier(old.clone()), &mut client, &log, 4).await,
+    );
+    assert!(view_rows(&client, &*view, VALUE_DIFFERENCES)
+        .await
+        .is_empty());
+    let untrimmed =
+        view_rows(&client, &*view, STORED).await != view_rows(&client, &*view, FROM_BOOK).await;
     assert!(untrimmed, "the previous code's rows keep their scale");
     let new = applier(view.clone());
     let mut log = log;
     for (i, e) in events.iter().enumerate().skip(cut) {
         log.push_event(e);
-        no_failures(&consume(&new, &mut client, &log, 3).await);
+        totals("risk", &consume(&new, &mut client, &log, 3).await);
         assert_eq!(
-            rows(&client, &*view, VALUE_DIFFERENCES).await,
+            view_rows(&client, &*view, VALUE_DIFFERENCES).await,
             Vec::<Vec<String>>::new(),
             "after event {i}"
         );
@@ -337,8 +317,8 @@ async fn review_risk_rows_of_the_previous_code_continue_to_the_book() {
     }
     assert_eq!(touched.len(), 5);
     assert_eq!(
-        rows(&client, &*view, STORED).await,
-        rows(&client, &*view, FROM_BOOK).await
+        view_rows(&client, &*view, STORED).await,
+        view_rows(&client, &*view, FROM_BOOK).await
     );
 }
 
@@ -365,13 +345,15 @@ async fn review_risk_snapshot_then_tail_equals_the_live_version_in_text() {
         Arc::new(Risk::new(2)),
         Arc::new(Risk::new(3)),
     );
-    no_failures(&consume(&applier(v1.clone()), &mut client, &log, 5).await);
-    no_failures(&consume(&applier(v2.clone()), &mut client, &prefix, 5).await);
-    let mut watermark = std::collections::BTreeMap::new();
-    for e in &events[..cut] {
-        watermark.insert(e.account_id, e.seq);
-    }
-    let (accounts, seqs): (Vec<i64>, Vec<i64>) = watermark.iter().map(|(a, s)| (*a, *s)).unzip();
+    totals(
+        "risk",
+        &consume(&applier(v1.clone()), &mut client, &log, 5).await,
+    );
+    totals(
+        "risk",
+        &consume(&applier(v2.clone()), &mut client, &prefix, 5).await,
+    );
+    let (accounts, seqs) = last_seqs(&events[..cut]);
     client
         .batch_execute(
             "CREATE TABLE positions (account_id bigint NOT NULL, symbol text NOT NULL, \
@@ -383,44 +365,28 @@ async fn review_risk_snapshot_then_tail_equals_the_live_version_in_text() {
         )
         .await
         .expect("write side");
-    client
-        .execute(
-            "INSERT INTO account_seq SELECT * FROM unnest($1::bigint[], $2::bigint[])",
-            &[&accounts, &seqs],
-        )
-        .await
-        .expect("account_seq");
-    let tx = client
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .start()
-        .await
-        .expect("begin");
-    let sql = render(&*v3, &v3.snapshot_sql().expect("snapshot"));
-    tx.query(&sql, &[])
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    tx.execute(
-        "INSERT INTO projector.account_progress (consumer, account_id, last_seq, watermark_seq) \
-         SELECT $1, a, w, w FROM unnest($2::bigint[], $3::bigint[]) AS t(a, w)",
-        &[&v3.consumer(), &accounts, &seqs],
-    )
-    .await
-    .expect("watermarks");
-    tx.commit().await.expect("commit");
+    let marks = seed_from_snapshots(&mut client, std::slice::from_ref(&v3), &accounts, &seqs).await;
     assert_eq!(
-        rows(&client, &*v3, STORED).await,
-        rows(&client, &*v3, FROM_BOOK).await,
+        marks[0],
+        accounts.iter().copied().zip(seqs.iter().copied()).collect(),
+        "the snapshot's watermarks are the accounts' last seqs"
+    );
+    assert_eq!(
+        view_rows(&client, &*v3, STORED).await,
+        view_rows(&client, &*v3, FROM_BOOK).await,
         "the seed"
     );
-    no_failures(&consume(&applier(v3.clone()), &mut client, &log, 5).await);
-    assert_eq!(
-        rows(&client, &*v3, STORED).await,
-        rows(&client, &*v1, STORED).await
+    totals(
+        "risk",
+        &consume(&applier(v3.clone()), &mut client, &log, 5).await,
     );
     assert_eq!(
-        rows(&client, &*v3, STORED).await,
-        rows(&client, &*v3, FROM_BOOK).await
+        view_rows(&client, &*v3, STORED).await,
+        view_rows(&client, &*v1, STORED).await
+    );
+    assert_eq!(
+        view_rows(&client, &*v3, STORED).await,
+        view_rows(&client, &*v3, FROM_BOOK).await
     );
 }
 
@@ -469,18 +435,21 @@ async fn review_risk_two_concurrent_writers_sharing_accounts_equal_one_writer() 
         .get(0);
     assert_eq!(left, 0, "everything drained");
     let log = Partition::from_events("trades", 0, &events);
-    no_failures(&consume(&applier(v2.clone()), &mut client, &log, 6).await);
-    assert_eq!(
-        rows(&client, &*v1, BOOK).await,
-        rows(&client, &*v2, BOOK).await
+    totals(
+        "risk",
+        &consume(&applier(v2.clone()), &mut client, &log, 6).await,
     );
     assert_eq!(
-        rows(&client, &*v1, STORED).await,
-        rows(&client, &*v2, STORED).await
+        view_rows(&client, &*v1, BOOK).await,
+        view_rows(&client, &*v2, BOOK).await
     );
     assert_eq!(
-        rows(&client, &*v1, STORED).await,
-        rows(&client, &*v1, FROM_BOOK).await
+        view_rows(&client, &*v1, STORED).await,
+        view_rows(&client, &*v2, STORED).await
+    );
+    assert_eq!(
+        view_rows(&client, &*v1, STORED).await,
+        view_rows(&client, &*v1, FROM_BOOK).await
     );
 }
 
@@ -519,8 +488,8 @@ async fn review_risk_reused_ids_poison_and_repairs_keep_rows_equal_to_the_book()
                 assert_eq!(o.counts.failed, 0, "{:?}", o.counts);
             }
             assert_eq!(
-                rows(&client, &*view, STORED).await,
-                rows(&client, &*view, FROM_BOOK).await
+                view_rows(&client, &*view, STORED).await,
+                view_rows(&client, &*view, FROM_BOOK).await
             );
         }
     }
@@ -581,13 +550,13 @@ async fn review_risk_reused_ids_poison_and_repairs_keep_rows_equal_to_the_book()
             {}
         }
         assert_eq!(
-            rows(&client, &*view, STORED).await,
-            rows(&client, &*view, FROM_BOOK).await
+            view_rows(&client, &*view, STORED).await,
+            view_rows(&client, &*view, FROM_BOOK).await
         );
     }
     assert_eq!(
-        rows(&client, &*view, STORED).await,
-        rows(&client, &*view, FROM_BOOK).await
+        view_rows(&client, &*view, STORED).await,
+        view_rows(&client, &*view, FROM_BOOK).await
     );
 }
 
@@ -677,7 +646,7 @@ async fn review_risk_account_row_missing_beside_its_book_is_not_rebuilt() {
     let applier = applier(view.clone());
     let mut log = Partition::new("trades", 0);
     log.push_event(&trade(1, 1, "EURUSD", "buy", "10", "2"));
-    no_failures(&consume(&applier, &mut client, &log, 1).await);
+    totals("risk", &consume(&applier, &mut client, &log, 1).await);
     client
         .batch_execute("DELETE FROM risk_v1 WHERE account_id = 1")
         .await
@@ -686,7 +655,7 @@ async fn review_risk_account_row_missing_beside_its_book_is_not_rebuilt() {
     let outcomes = consume(&applier, &mut client, &log, 1).await;
     assert_eq!(outcomes[0].counts.failed, 0, "{:?}", outcomes[0].counts);
     assert_eq!(
-        rows(&client, &*view, STORED).await,
-        rows(&client, &*view, FROM_BOOK).await
+        view_rows(&client, &*view, STORED).await,
+        view_rows(&client, &*view, FROM_BOOK).await
     );
 }

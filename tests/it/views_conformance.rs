@@ -14,14 +14,11 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use crate::support::{applier, last_seqs, seed_from_snapshots, totals, view_rows};
 use chrono::{DateTime, Duration, FixedOffset, SecondsFormat, Utc};
-use deadpool_postgres::Client;
-use projector_engine::projection::render;
 use projector_engine::testkit::conformance::{self, dump, Factory};
 use projector_engine::testkit::{bust, cash, consume, EventSpec, Lcg, Partition, TestDb};
-use projector_engine::{
-    Applier, BatchOutcome, Counts, Projection, Registry, SourceOrdering, ViewError,
-};
+use projector_engine::{Applier, Projection, Registry, SourceOrdering, ViewError};
 use projector_views::{Eod, Portfolio, Risk};
 use rust_decimal::prelude::Signed;
 use rust_decimal::{Decimal, RoundingStrategy};
@@ -408,37 +405,6 @@ fn eod_fold(events: &[EventSpec]) -> Vec<Vec<String>> {
 // ---------------------------------------------------------------------------------------
 // Helpers
 
-async fn read(client: &Client, view: &dyn Projection, sql: &str) -> Vec<Vec<String>> {
-    let sql = render(view, sql);
-    client
-        .query(&sql, &[])
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .iter()
-        .map(|row| (0..row.len()).map(|i| row.get::<_, String>(i)).collect())
-        .collect()
-}
-
-/// The batch counters summed. A statement that fails on an event's data dead-letters the
-/// event instead of failing the batch, so a broken view would go unnoticed without the check.
-fn totals(consumer: &str, outcomes: &[BatchOutcome]) -> Counts {
-    let mut t = Counts::default();
-    for o in outcomes {
-        let c = &o.counts;
-        assert_eq!(
-            (c.poison, c.failed, c.waiting),
-            (0, 0, 0),
-            "{consumer}: {c:?}"
-        );
-        t += c;
-    }
-    t
-}
-
-fn applier(view: Arc<dyn Projection>) -> Applier {
-    Applier::new(view, SourceOrdering::PerAccount).expect("applier")
-}
-
 /// Delivers `events` once to version 1 of the view, compares its rows with the fold, then
 /// runs the conformance suite and checks that every schedule gave those same rows.
 async fn conforms_and_equals_the_fold(
@@ -457,7 +423,7 @@ async fn conforms_and_equals_the_fold(
     totals(&view.consumer(), &outcomes);
     let expected = fold(events);
     assert!(expected.len() >= 4, "the stream is too thin: {expected:?}");
-    assert_eq!(read(&client, &*view, sql).await, expected);
+    assert_eq!(view_rows(&client, &*view, sql).await, expected);
 
     let report = conformance::run(factory, events).await;
     assert_eq!(report.schedules.len(), conformance::SCHEDULES.len());
@@ -533,7 +499,7 @@ async fn risk_after_every_event_equals_the_fold_through_ties_and_shrinking_posit
         log.push_event(e);
         let outcomes = consume(&applier, &mut client, &log, 1).await;
         assert_eq!(outcomes.len(), 1, "one batch for event {i}");
-        let rows = read(&client, &*view, RISK_ROWS).await;
+        let rows = view_rows(&client, &*view, RISK_ROWS).await;
         assert_eq!(
             rows,
             risk_fold(&events[..=i]),
@@ -667,7 +633,7 @@ async fn eod_is_the_same_under_any_interleaving_and_duplicates() {
         let t = totals(&view.consumer(), &outcomes);
         assert_eq!(t.duplicates(), extra, "{}: {t:?}", view.consumer());
         assert_eq!(t.applied, all.len() as u64, "{}", view.consumer());
-        let rows = read(&client, &*view, EOD_ROWS).await;
+        let rows = view_rows(&client, &*view, EOD_ROWS).await;
         match &baseline {
             None => {
                 assert_eq!(rows, eod_fold(&all));
@@ -719,7 +685,7 @@ async fn portfolio_is_exact_under_duplicates_and_the_version_filter_backs_up_the
         (trades, events.len() as u64 - trades)
     );
     let expected = portfolio_fold(&events);
-    assert_eq!(read(&client, &*view, PORTFOLIO_ROWS).await, expected);
+    assert_eq!(view_rows(&client, &*view, PORTFOLIO_ROWS).await, expected);
 
     // Now take away the first two lines of defence: the inbox rows (as if retention had
     // pruned them) and the account progress and offsets (as if restored from an old backup),
@@ -739,7 +705,7 @@ async fn portfolio_is_exact_under_duplicates_and_the_version_filter_backs_up_the
     );
     assert_eq!(t.dup_version_filter, trades, "{t:?}");
     assert_eq!(t.applied, 0, "{t:?}");
-    assert_eq!(read(&client, &*view, PORTFOLIO_ROWS).await, expected);
+    assert_eq!(view_rows(&client, &*view, PORTFOLIO_ROWS).await, expected);
 }
 
 #[test]
@@ -800,11 +766,7 @@ async fn portfolio_and_risk_rebuilt_from_a_snapshot_equal_the_live_versions() {
             totals(&view.consumer(), &outcomes);
         }
     }
-    let mut watermark: BTreeMap<i64, i64> = BTreeMap::new();
-    for e in &events[..cut] {
-        watermark.insert(e.account_id, e.seq);
-    }
-    let (accounts, seqs): (Vec<i64>, Vec<i64>) = watermark.iter().map(|(a, s)| (*a, *s)).unzip();
+    let (accounts, seqs) = last_seqs(&events[..cut]);
     client.batch_execute(WRITE_SIDE).await.expect("write side");
     client
         .execute(
@@ -815,42 +777,17 @@ async fn portfolio_and_risk_rebuilt_from_a_snapshot_equal_the_live_versions() {
         )
         .await
         .expect("positions");
-    client
-        .execute(
-            "INSERT INTO account_seq SELECT * FROM unnest($1::bigint[], $2::bigint[])",
-            &[&accounts, &seqs],
-        )
-        .await
-        .expect("account_seq");
 
     // What the rebuild does: in one REPEATABLE READ transaction, run each view's snapshot
     // statement into version 3 and record the watermarks it returns as the accounts'
     // progress, so that the tail skips what the snapshot holds.
-    let tx = client
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .start()
-        .await
-        .expect("begin");
-    for view in views(3) {
-        let sql = render(&*view, &view.snapshot_sql().expect("a snapshot query"));
-        let marks: BTreeMap<i64, i64> = tx
-            .query(&sql, &[])
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
-            .iter()
-            .map(|r| (r.get("account_id"), r.get("watermark_seq")))
-            .collect();
-        assert_eq!(marks, watermark, "{}", view.consumer());
-        tx.execute(
-            "INSERT INTO projector.account_progress (consumer, account_id, last_seq, watermark_seq) \
-             SELECT $1, a, w, w FROM unnest($2::bigint[], $3::bigint[]) AS t(a, w)",
-            &[&view.consumer(), &accounts, &seqs],
-        )
-        .await
-        .expect("watermarks");
+    let rebuilt = views(3);
+    let marks = seed_from_snapshots(&mut client, &rebuilt, &accounts, &seqs).await;
+    let watermark: BTreeMap<i64, i64> =
+        accounts.iter().copied().zip(seqs.iter().copied()).collect();
+    for (view, marks) in rebuilt.iter().zip(&marks) {
+        assert_eq!(*marks, watermark, "{}", view.consumer());
     }
-    tx.commit().await.expect("commit");
 
     // The tail, from the very start of the log: the widest safety margin.
     for (live, rebuilt) in views(1).into_iter().zip(views(3)) {
@@ -866,11 +803,11 @@ async fn portfolio_and_risk_rebuilt_from_a_snapshot_equal_the_live_versions() {
         );
     }
     assert_eq!(
-        read(&client, &Portfolio::new(3), PORTFOLIO_ROWS).await,
+        view_rows(&client, &Portfolio::new(3), PORTFOLIO_ROWS).await,
         portfolio_fold(&events)
     );
     assert_eq!(
-        read(&client, &Risk::new(3), RISK_ROWS).await,
+        view_rows(&client, &Risk::new(3), RISK_ROWS).await,
         risk_fold(&events)
     );
 }

@@ -505,3 +505,102 @@ pub fn spawn_apply(
         applier.apply(&mut c, &batch).await.expect("apply")
     })
 }
+
+/// An applier of `view` on a per-account ordered source.
+pub fn applier(view: std::sync::Arc<dyn Projection>) -> projector_engine::Applier {
+    projector_engine::Applier::new(view, projector_engine::SourceOrdering::PerAccount)
+        .expect("applier")
+}
+
+/// The batch counters summed, once it is checked that no event was poison, failed or left
+/// waiting: a statement that fails on an event's data dead-letters the event instead of
+/// failing the batch, so a broken view would go unnoticed without the check. `label` names
+/// the view in the failure.
+pub fn totals(
+    label: &str,
+    outcomes: &[projector_engine::BatchOutcome],
+) -> projector_engine::Counts {
+    let mut t = projector_engine::Counts::default();
+    for o in outcomes {
+        let c = &o.counts;
+        assert_eq!((c.poison, c.failed, c.waiting), (0, 0, 0), "{label}: {c:?}");
+        t += c;
+    }
+    t
+}
+
+/// The rows of `sql` (rendered for `view`), every column read as text.
+pub async fn view_rows(
+    client: &deadpool_postgres::Client,
+    view: &dyn Projection,
+    sql: &str,
+) -> Vec<Vec<String>> {
+    let sql = projector_engine::projection::render(view, sql);
+    client
+        .query(&sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .iter()
+        .map(|row| (0..row.len()).map(|i| row.get::<_, String>(i)).collect())
+        .collect()
+}
+
+/// Each account's last `seq` among `events`, by account: the watermarks of a snapshot taken
+/// after them, as (accounts, seqs).
+pub fn last_seqs(events: &[EventSpec]) -> (Vec<i64>, Vec<i64>) {
+    let mut last = std::collections::BTreeMap::new();
+    for e in events {
+        last.insert(e.account_id, e.seq);
+    }
+    last.into_iter().unzip()
+}
+
+/// What a rebuild's seeding does, by hand, once the caller has filled the write side's
+/// `positions`: fills its `account_seq` with `accounts` and `seqs`, then in one REPEATABLE
+/// READ transaction runs each view's snapshot statement and records the watermarks as the
+/// accounts' progress, so that the tail skips what the snapshot holds. Returns each view's
+/// watermarks as its snapshot statement gave them, by account.
+pub async fn seed_from_snapshots(
+    client: &mut deadpool_postgres::Client,
+    views: &[std::sync::Arc<dyn Projection>],
+    accounts: &[i64],
+    seqs: &[i64],
+) -> Vec<std::collections::BTreeMap<i64, i64>> {
+    client
+        .execute(
+            "INSERT INTO account_seq SELECT * FROM unnest($1::bigint[], $2::bigint[])",
+            &[&accounts, &seqs],
+        )
+        .await
+        .expect("account_seq");
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .expect("begin");
+    let mut marks = Vec::new();
+    for view in views {
+        let sql = projector_engine::projection::render(
+            &**view,
+            &view.snapshot_sql().expect("a snapshot query"),
+        );
+        marks.push(
+            tx.query(&sql, &[])
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+                .iter()
+                .map(|r| (r.get("account_id"), r.get("watermark_seq")))
+                .collect(),
+        );
+        tx.execute(
+            "INSERT INTO projector.account_progress (consumer, account_id, last_seq, watermark_seq) \
+             SELECT $1, a, w, w FROM unnest($2::bigint[], $3::bigint[]) AS t(a, w)",
+            &[&view.consumer(), &accounts, &seqs],
+        )
+        .await
+        .expect("watermarks");
+    }
+    tx.commit().await.expect("commit");
+    marks
+}
