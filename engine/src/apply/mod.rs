@@ -473,29 +473,25 @@ impl Applier {
     /// checks, only for types it subscribes to. An event of another type advances the
     /// account's `seq` whatever its data holds.
     fn decode(&self, message: &Message) -> Decoded {
-        let checked = decode_envelope(message).and_then(|event| {
-            if !self.sends(&event) {
-                return Ok((event, Vec::new()));
-            }
-            check_data(&event)?;
-            let values = extract_fields(&event, &self.fields)?;
-            Ok((event, values))
-        });
-        let result = checked
+        let decoded = decode_envelope(message)
             .map_err(|e| e.to_string())
-            .and_then(|(event, values)| {
-                if self.sends(&event) {
-                    self.projection
-                        .validate(&event)
-                        .map_err(|e| format!("rejected by view {}: {e}", self.consumer))?;
+            .and_then(|event| {
+                let sent = self.sends(&event);
+                if !sent {
+                    return Ok((event, Vec::new(), false));
                 }
-                Ok((event, values))
+                check_data(&event).map_err(|e| e.to_string())?;
+                let values = extract_fields(&event, &self.fields).map_err(|e| e.to_string())?;
+                self.projection
+                    .validate(&event)
+                    .map_err(|e| format!("rejected by view {}: {e}", self.consumer))?;
+                Ok((event, values, true))
             });
-        match result {
-            Ok((event, values)) => Decoded::Event {
-                sent: self.sends(&event),
+        match decoded {
+            Ok((event, values, sent)) => Decoded::Event {
                 event,
                 values,
+                sent,
             },
             Err(error) => Decoded::Poison {
                 error,
