@@ -313,10 +313,7 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
                 // needs its code to decide (an older binary, say): an error.
                 Err(e) => {
                     let retired = client
-                        .query_opt(
-                            "SELECT 1 FROM projector.views WHERE consumer = $1 AND state = 'retired'",
-                            &[&consumer],
-                        )
+                        .query_opt(projector_engine::queries::VERSION_IS_RETIRED, &[&consumer])
                         .await?
                         .is_some();
                     if !retired {

@@ -181,10 +181,7 @@ impl Applier {
             .await?
             .ok_or_else(|| refused(format!("no dead letter {id} of this view version")))?;
         let retired = tx
-            .query_opt(
-                "SELECT 1 FROM projector.views WHERE consumer = $1 AND state = 'retired'",
-                &[&self.consumer],
-            )
+            .query_opt(queries::VERSION_IS_RETIRED, &[&self.consumer])
             .await
             .map_err(&err)?
             .is_some();
@@ -243,8 +240,6 @@ impl Applier {
         Ok(outcome)
     }
 
-    /// Locks `account`'s progress row (created if missing) for the transaction, as a batch
-    /// does before it touches the account's events or dead letters.
     /// The account of this version's dead letter `id`, read without locking it (a repair
     /// locks the account first, the order a batch takes them): `None` when there is no
     /// such dead letter, `Some(None)` when its envelope named no account.
@@ -263,6 +258,8 @@ impl Applier {
             .map(|r| r.get(0)))
     }
 
+    /// Locks `account`'s progress row (created if missing) for the transaction, as a batch
+    /// does before it touches the account's events or dead letters.
     async fn lock_account(&self, tx: &Transaction<'_>, account: i64) -> Result<(), ApplyError> {
         let err = self.db("locking the account");
         tx.execute(queries::ENSURE_PROGRESS, &[&self.consumer, &vec![account]])
