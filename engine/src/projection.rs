@@ -149,6 +149,18 @@ pub trait Projection: Send + Sync + 'static {
         false
     }
 
+    /// True when an order-dependent view's statement takes several events of one account
+    /// at once and applies them in `seq` order itself (its SQL folds an account's run of
+    /// events: sums, the last value by `seq`). The engine then sends a batch in one
+    /// statement instead of rounds of one event per account; sequencing stays as it is (gaps
+    /// park, nothing after a failed event is applied). The statement must fail wherever
+    /// applying the same events one at a time would fail on one of them: after a failure
+    /// the engine runs rounds of one event per account, to find that event. Not for views
+    /// with the version filter, which counts one written row per event.
+    fn many_per_account(&self) -> bool {
+        false
+    }
+
     /// The fields of `data` the view reads, each a column of `ev`. The default is the whole
     /// object as `jsonb` (`Field::Data`); declaring typed fields spares PostgreSQL the JSON.
     /// A subscribed event whose field has the wrong JSON type is poison for the view.
@@ -262,6 +274,9 @@ pub enum ViewError {
     /// A declared field is named like a column every `ev` has, or declared twice.
     #[error("view {0}: field {1:?} clashes with a column of ev; rename it")]
     BadField(String, String),
+    /// The version filter's count needs one written row per event, one event per account.
+    #[error("view {0} takes many events per account in one statement, which the version filter cannot count; use DedupMode::Inbox")]
+    ManyPerAccountWithVersionFilter(String),
     /// An order-dependent fold over unordered events gives wrong rows.
     #[error("view {0} depends on event order, but the source does not declare per-account ordering; only order-independent views can read an unordered source")]
     OrderNeedsOrdering(String),
@@ -293,6 +308,11 @@ pub fn check_compatible(
                 f.column().to_owned(),
             ));
         }
+    }
+    if projection.many_per_account() && projection.dedup().uses_version_filter() {
+        return Err(ViewError::ManyPerAccountWithVersionFilter(
+            projection.consumer(),
+        ));
     }
     if ordering == SourceOrdering::Unordered {
         if projection.dedup().uses_version_filter() {

@@ -101,6 +101,9 @@ pub struct Applier {
     tracking: Tracking,
     /// True for an order-dependent view: rounds, and nothing after an account's failed event.
     ordered: bool,
+    /// An order-dependent view whose statement folds an account's run of events in `seq`
+    /// order ([`Projection::many_per_account`]): the fast path sends one round.
+    many_per_account: bool,
     /// A handful of types: compared one by one, cheaper than hashing each event's type
     /// (asked several times per event).
     subscribes: Vec<String>,
@@ -141,6 +144,7 @@ impl Applier {
         check_compatible(&*projection, ordering)?;
         let consumer = projection.consumer();
         let ordered = !projection.order_independent();
+        let many_per_account = projection.many_per_account();
         let emits = projection.notices_sql().is_some();
         let fields = projection.fields();
         let tracking = match (ordering, ordered) {
@@ -170,6 +174,7 @@ impl Applier {
             metrics: ViewMetrics::new(&consumer),
             tracking,
             ordered,
+            many_per_account,
             consumer,
             projection,
             owner: default_owner(),

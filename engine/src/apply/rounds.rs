@@ -230,12 +230,13 @@ pub(crate) fn describe_db_error(e: &tokio_postgres::Error) -> String {
 }
 
 impl Applier {
-    /// Key-disjoint rounds of the events sent to the statement. Order-independent views get
-    /// one round with everything, unless `by_account` asks for rounds anyway (failure
-    /// isolation).
+    /// Key-disjoint rounds of the events sent to the statement. Order-independent views, and
+    /// order-dependent ones that take many events per account (each account's in `seq`
+    /// order), get one round with everything, unless `by_account` asks for rounds of one
+    /// event per account anyway (failure isolation).
     pub(crate) fn rounds(&self, work: &Work<'_>, by_account: bool) -> Vec<Vec<Slot>> {
         let mut rounds: Vec<Vec<Slot>> = Vec::new();
-        let single = !self.ordered && !by_account;
+        let single = (!self.ordered || self.many_per_account) && !by_account;
         for (a, acc) in work.accounts.iter().enumerate() {
             let mut r = 0;
             for (k, &(_, item)) in acc.plan.emitted.iter().enumerate() {

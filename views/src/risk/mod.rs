@@ -3,10 +3,11 @@
 //!
 //! Order-dependent (the last price is the latest fill's), deduplicated by the inbox only: it
 //! writes two tables per event, a per-symbol book (`risk_positions_v<n>`) and the account
-//! row (`risk_v<n>`), and a version filter guards one row. An event moves the account row by
-//! its symbol's exposure before and after; the book is read again only when the largest
-//! position shrinks. The rules are in `docs/views.md`; the SQL is in `risk.sql` beside this
-//! file.
+//! row (`risk_v<n>`), and a version filter guards one row. One statement takes each
+//! account's events of a batch at once ([`Projection::many_per_account`]): a symbol moves by
+//! their sum and keeps the last price, and the account row moves once, by its moved symbols'
+//! exposures before and after; the book is read again only when the largest position
+//! shrinks. The rules are in `docs/views.md`; the SQL is in `risk.sql` beside this file.
 
 use std::sync::Arc;
 
@@ -50,6 +51,12 @@ impl Projection for Risk {
 
     fn dedup(&self) -> DedupMode {
         DedupMode::Inbox
+    }
+
+    fn many_per_account(&self) -> bool {
+        // The statement folds an account's run of events in seq order (sums, the last
+        // price); a run with an event that would fail alone fails whole (risk.sql).
+        true
     }
 
     fn fields(&self) -> Vec<Field> {
@@ -102,7 +109,7 @@ mod tests {
         assert!(view.ddl().contains("risk_positions_v{v}"));
         assert!(view.ddl().contains("risk_v{v}"));
         let sql = view.apply_sql();
-        assert!(sql.ctes.contains("rk_largest AS"));
+        assert!(sql.ctes.contains("rk_account AS"));
         assert!(
             !sql.ctes.contains("rk_totals AS"),
             "the apply path reads no whole book"

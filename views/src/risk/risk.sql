@@ -9,9 +9,10 @@
 -- How the sections compose (views/src/risk/mod.rs):
 --   apply:    WITH <engine prefix>, <ctes>, written AS (<write>) SELECT ...
 --   snapshot: WITH <snapshot_book>, <totals>, seeded_accounts AS (<seed>) <watermarks>
--- The apply path is incremental: an event moves one symbol, so the account row moves by that
--- symbol's exposure before and after, and only when the largest position shrinks is the
--- account's book read again. The snapshot computes the row from the whole book (`totals`).
+-- The apply path is incremental and takes each account's events of a batch at once: a
+-- symbol moves by the sum of its events, so the account row moves by its moved symbols'
+-- exposures before and after, and only when the largest position shrinks is the account's
+-- book read again. The snapshot computes the row from the whole book (`totals`).
 -- numeric keeps the larger scale of a sum's terms, so a running total would carry the scale
 -- of positions long closed, and a total computed from the book would not: both paths write
 -- the exposures with trim_scale(), whose text depends on the value alone, so a rebuilt
@@ -46,8 +47,14 @@ CREATE TABLE IF NOT EXISTS risk_v{v} (
 WITH (fillfactor = 80);
 
 -- name: ctes
+-- A statement takes each account's events of a batch at once (`many_per_account`), and folds
+-- them: a symbol's position moves by the sum of its events' changes and keeps the price of
+-- the last one by seq, and the account row moves once, by what its moved symbols' exposures
+-- were before the statement and are after it. Every value is exact (numeric sums and
+-- products), so the rows equal those of the same events applied one at a time.
+--
 -- A bust is booked as the reversing trade: d is the signed change of the position.
-rk_trade AS (
+rk_event AS (
     SELECT ev.account_id,
            ev.seq,
            ev.symbol AS symbol,
@@ -56,10 +63,26 @@ rk_trade AS (
            ev.price AS p
     FROM ev
 ),
--- Rounds give at most one event per account, so each statement moves one symbol per account.
+-- Per account and symbol: the changes' sum, the last event's price and seq. One event alone
+-- fails where it would have failed applied by itself (a missing quantity or price, a
+-- negative price). Several that would fail one at a time must fail together too, or an
+-- event at fault would be folded in unnoticed: a group with such an event gets no change
+-- (NULL), which the book's NOT NULL refuses, and the engine then applies the batch one
+-- event per account to find the event at fault.
+rk_trade AS (
+    SELECT account_id,
+           symbol,
+           CASE WHEN count(*) = 1
+                  OR (count(d) = count(*) AND count(p) = count(*) AND min(p) >= 0)
+                THEN sum(d) END AS d,
+           (array_agg(p ORDER BY seq DESC))[1] AS p,
+           max(seq) AS seq
+    FROM rk_event
+    GROUP BY account_id, symbol
+),
 -- A symbol the account holds moves in place; `before` is the same row as the statement's
 -- snapshot shows it (found by its tuple id, no second index lookup), so RETURNING gives the
--- position before and after the event.
+-- position before and after the statement.
 rk_moved AS (
     UPDATE risk_positions_v{v} rp SET
         net_qty    = rp.net_qty + t.d,
@@ -86,72 +109,76 @@ rk_opened AS (
     RETURNING rp.account_id, rp.symbol, rp.net_qty, rp.last_price, rp.version,
               NULL::numeric AS net_qty_before, NULL::numeric AS last_price_before
 ),
--- Per event (the moved row's version is its seq): the account row before (NULLs for a new
--- account) and the moved symbol's exposure before (0 when it was flat or new) and after.
--- Only open positions count, and a flat one's exposure is 0, so adding and taking away
--- exposures needs no filter.
-rk_step AS (
+-- Each moved symbol's exposure before (0 when it was flat or new) and after. Only open
+-- positions count, and a flat one's exposure is 0, so adding and taking away exposures needs
+-- no filter.
+rk_move AS (
     SELECT m.account_id,
            m.symbol,
-           greatest(a.version, m.version) AS version,
-           coalesce(a.gross_exposure, 0)
-               - coalesce(abs(m.net_qty_before) * m.last_price_before, 0)
-               + abs(m.net_qty) * m.last_price AS gross_exposure,
-           coalesce(a.net_exposure, 0)
-               - coalesce(m.net_qty_before * m.last_price_before, 0)
-               + m.net_qty * m.last_price AS net_exposure,
-           coalesce(a.open_positions, 0)
-               - (coalesce(m.net_qty_before, 0) <> 0)::int
-               + (m.net_qty <> 0)::int AS open_positions,
+           m.version,
            m.net_qty <> 0 AS open_after,
+           coalesce(m.net_qty_before, 0) <> 0 AS open_before,
            abs(m.net_qty) * m.last_price AS exposure,
-           a.largest_position_symbol AS largest_before,
-           a.largest_position_notional AS notional_before
+           coalesce(abs(m.net_qty_before) * m.last_price_before, 0) AS exposure_before,
+           m.net_qty * m.last_price AS net,
+           coalesce(m.net_qty_before * m.last_price_before, 0) AS net_before
     FROM (SELECT * FROM rk_moved UNION ALL SELECT * FROM rk_opened) m
+),
+-- Per account: the row before (NULLs for a new account), what its moved symbols change, and
+-- the largest of them that is open after.
+rk_step AS (
+    SELECT m.account_id,
+           greatest(a.version, max(m.version)) AS version,
+           coalesce(a.gross_exposure, 0) - sum(m.exposure_before) + sum(m.exposure) AS gross_exposure,
+           coalesce(a.net_exposure, 0) - sum(m.net_before) + sum(m.net) AS net_exposure,
+           coalesce(a.open_positions, 0)
+               - count(*) FILTER (WHERE m.open_before)
+               + count(*) FILTER (WHERE m.open_after) AS open_positions,
+           (array_agg(m.symbol ORDER BY m.exposure DESC, m.symbol COLLATE "C")
+                FILTER (WHERE m.open_after))[1] AS best_symbol,
+           max(m.exposure) FILTER (WHERE m.open_after) AS best_exposure,
+           array_agg(m.symbol) AS moved,
+           a.largest_position_symbol AS largest_before,
+           a.largest_position_notional AS notional_before,
+           coalesce(bool_or(m.symbol = a.largest_position_symbol), false) AS largest_moved,
+           coalesce(bool_or(m.symbol = a.largest_position_symbol AND m.open_after
+                            AND m.exposure >= a.largest_position_notional), false) AS largest_held
+    FROM rk_move m
     LEFT JOIN risk_v{v} a ON a.account_id = m.account_id
+    GROUP BY m.account_id, a.account_id
 ),
--- The largest position after the event. Only the moved symbol's exposure changed, so:
--- - another symbol was the largest (or none): it still is, unless the moved symbol now beats
---   it (a greater exposure, or an equal one and a smaller symbol);
--- - the moved symbol was the largest: it still is if its exposure did not shrink (a tie
---   with another symbol was already won by it); if it shrank, the account's other open
---   positions are read again and compete with it (the `rescan`, the only read of the book).
+-- The largest position after the statement. The book before had the largest before, so a
+-- symbol that did not move cannot beat it; hence the candidates are the moved symbols open
+-- after, and:
+-- - the largest before, if it did not move;
+-- - if it moved and did not keep (or grow) its exposure, the account's other open positions
+--   read again (the `rescan`, the only read of the book), since one of them may now lead.
 -- Ties go to the smallest symbol in byte order, as in `totals`.
-rk_largest AS (
-    SELECT s.*,
-           s.largest_before IS NOT DISTINCT FROM s.symbol
-               AND NOT (s.open_after AND s.exposure >= s.notional_before) AS rescan,
-           s.open_after
-               AND (s.largest_before IS NULL
-                    OR s.exposure > s.notional_before
-                    OR (s.exposure = s.notional_before
-                        AND s.symbol COLLATE "C" <= s.largest_before COLLATE "C")) AS moved_wins
-    FROM rk_step s
-),
 rk_account AS (
-    SELECT l.account_id,
-           trim_scale(l.gross_exposure) AS gross_exposure,
-           trim_scale(l.net_exposure) AS net_exposure,
-           l.open_positions,
-           CASE WHEN l.rescan THEN r.symbol
-                WHEN l.moved_wins THEN l.symbol
-                ELSE l.largest_before END AS largest_position_symbol,
-           trim_scale(CASE WHEN l.rescan THEN coalesce(r.notional, 0)
-                           WHEN l.moved_wins THEN l.exposure
-                           ELSE coalesce(l.notional_before, 0) END) AS largest_position_notional,
-           l.version
-    FROM rk_largest l
+    SELECT s.account_id,
+           trim_scale(s.gross_exposure) AS gross_exposure,
+           trim_scale(s.net_exposure) AS net_exposure,
+           s.open_positions,
+           c.symbol AS largest_position_symbol,
+           trim_scale(coalesce(c.notional, 0)) AS largest_position_notional,
+           s.version
+    FROM rk_step s
     LEFT JOIN LATERAL (
-        SELECT c.symbol, c.notional
-        FROM (SELECT rp.symbol, abs(rp.net_qty) * rp.last_price AS notional
-              FROM risk_positions_v{v} rp
-              WHERE rp.account_id = l.account_id AND rp.symbol <> l.symbol AND rp.net_qty <> 0
+        SELECT x.symbol, x.notional
+        FROM (SELECT s.best_symbol AS symbol, s.best_exposure AS notional
+              WHERE s.best_symbol IS NOT NULL
               UNION ALL
-              SELECT l.symbol, l.exposure WHERE l.open_after) c
-        WHERE l.rescan
-        ORDER BY c.notional DESC, c.symbol COLLATE "C"
+              SELECT s.largest_before, s.notional_before
+              WHERE s.largest_before IS NOT NULL AND NOT s.largest_moved
+              UNION ALL
+              SELECT rp.symbol, abs(rp.net_qty) * rp.last_price
+              FROM risk_positions_v{v} rp
+              WHERE s.largest_moved AND NOT s.largest_held
+                AND rp.account_id = s.account_id AND rp.net_qty <> 0
+                AND rp.symbol <> ALL (s.moved)) x
+        ORDER BY x.notional DESC, x.symbol COLLATE "C"
         LIMIT 1
-    ) r ON true
+    ) c ON true
 )
 
 -- name: write
