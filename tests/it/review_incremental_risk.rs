@@ -659,3 +659,184 @@ async fn review_risk_account_row_missing_beside_its_book_is_not_rebuilt() {
         view_rows(&client, &*view, FROM_BOOK).await
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// One statement per batch (`Projection::many_per_account`).
+
+/// Counts the rows each statement writes into `table` (a row trigger), so that a test can
+/// tell one statement per batch from one per event.
+async fn count_writes(client: &deadpool_postgres::Client, table: &str) {
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS row_writes (tbl text NOT NULL); \
+             CREATE OR REPLACE FUNCTION count_row_write() RETURNS trigger LANGUAGE plpgsql AS \
+               $$BEGIN INSERT INTO row_writes VALUES (TG_TABLE_NAME); RETURN NULL; END$$; \
+             CREATE TRIGGER count_writes AFTER INSERT OR UPDATE ON {table} \
+               FOR EACH ROW EXECUTE FUNCTION count_row_write();"
+        ))
+        .await
+        .expect("trigger");
+}
+
+/// A batch holding each account's whole run of events (several symbols, several events of
+/// one symbol, a bust of a fill of the same batch, the largest position closed while another
+/// grows, a new account) moves each book row and each account row once, and leaves the same
+/// rows, in text, as the same events applied one at a time to another version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_risk_a_batch_writes_each_row_once_and_equals_one_event_at_a_time() {
+    let (batched, single): (Arc<dyn Projection>, Arc<dyn Projection>) =
+        (Arc::new(Risk::new(1)), Arc::new(Risk::new(2)));
+    let mut registry = Registry::new();
+    registry.add(batched.clone()).expect("register");
+    registry.add(single.clone()).expect("register");
+    let db = TestDb::new(&registry).await;
+    let mut client = db.client().await;
+    count_writes(&client, "risk_v1").await;
+    count_writes(&client, "risk_positions_v1").await;
+
+    let first = trade(1, 1, "EURUSD", "buy", "10", "1.10");
+    let events = vec![
+        first.clone(),
+        trade(1, 2, "XAUUSD", "buy", "1", "2650.5"),
+        trade(1, 3, "EURUSD", "buy", "5", "1.2"),
+        trade(1, 4, "GBPUSD", "sell", "3", "1.30"),
+        bust(&first, 5, AT),
+        trade(1, 6, "XAUUSD", "sell", "1", "2700"),
+        trade(1, 7, "EURUSD", "sell", "15.000", "1.15"),
+        trade(1, 8, "GBPUSD", "sell", "2", "1.3000"),
+        trade(2, 1, "AAA", "buy", "2", "0"),
+        trade(2, 2, "AAA", "buy", "2", "5"),
+        trade(2, 3, "AAA", "sell", "1", "5.00"),
+    ];
+    let mut log = Partition::new("trades", 0);
+    for e in &events {
+        log.push_event(e);
+    }
+    let outcomes = consume(&applier(batched.clone()), &mut client, &log, 64).await;
+    assert_eq!(outcomes.len(), 1, "one batch");
+    assert_eq!(totals("risk", &outcomes).applied, 11);
+    let writes: Vec<(String, i64)> = client
+        .query(
+            "SELECT tbl, count(*) FROM row_writes GROUP BY tbl ORDER BY tbl",
+            &[],
+        )
+        .await
+        .expect("writes")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    // Account 1 moved EURUSD, XAUUSD and GBPUSD; account 2 AAA: four book rows, two accounts.
+    assert_eq!(
+        writes,
+        [
+            ("risk_positions_v1".to_owned(), 4),
+            ("risk_v1".to_owned(), 2)
+        ]
+    );
+
+    let outcomes = consume(&applier(single.clone()), &mut client, &log, 1).await;
+    assert_eq!(totals("risk", &outcomes).applied, 11);
+    let book = "SELECT account_id::text, symbol, net_qty::text, last_price::text, version::text \
+                FROM risk_positions_v{v} ORDER BY account_id, symbol COLLATE \"C\"";
+    for sql in [book, STORED] {
+        assert_eq!(
+            view_rows(&client, &*batched, sql).await,
+            view_rows(&client, &*single, sql).await,
+            "{sql}"
+        );
+    }
+    assert_eq!(
+        view_rows(&client, &*batched, STORED).await,
+        view_rows(&client, &*batched, FROM_BOOK).await
+    );
+}
+
+/// risk's statement, run by hand: a run of one account's events in which one would fail
+/// alone fails whole (the engine then isolates that event), and a single such event fails
+/// with its own error, as it did before runs were folded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_risk_a_run_with_an_event_that_fails_alone_fails_whole() {
+    use rust_decimal::Decimal;
+    let (db, view) = risk_db(1).await;
+    let client = db.client().await;
+    let statement = projector_engine::apply::compose_statement(&*view);
+    let at: chrono::DateTime<chrono::Utc> = AT.parse().expect("time");
+    let run = |prices: &[&str], qtys: &[Option<&str>]| {
+        let n = prices.len();
+        let ids: Vec<String> = (0..n).map(|i| format!("e{i}-{}", prices.len())).collect();
+        let seqs: Vec<i64> = (1..=n as i64).collect();
+        let prices: Vec<Option<Decimal>> = prices.iter().map(|p| p.parse().ok()).collect();
+        let qtys: Vec<Option<Decimal>> = qtys
+            .iter()
+            .map(|q| q.and_then(|q| q.parse().ok()))
+            .collect();
+        (ids, seqs, prices, qtys)
+    };
+    // Prices, quantities, and what the error names.
+    type Case<'a> = (&'a [&'a str], &'a [Option<&'a str>], &'a str);
+    let cases: [Case<'_>; 4] = [
+        // A negative price before the last event: only the last price would be written.
+        (
+            &["-1", "2"],
+            &[Some("1"), Some("1")],
+            "null value in column \"net_qty\"",
+        ),
+        // A missing quantity among others: a sum skips it.
+        (
+            &["1", "2"],
+            &[None, Some("1")],
+            "null value in column \"net_qty\"",
+        ),
+        // Alone, each fails as it always did.
+        (&["-1"], &[Some("1")], "risk_positions_v1_last_price_check"),
+        (&["1"], &[None], "null value in column \"net_qty\""),
+    ];
+    for (prices, qtys, expected) in cases {
+        let (ids, seqs, prices, qtys) = run(prices, qtys);
+        let n = ids.len();
+        let consumer = view.consumer();
+        let accounts = vec![7i64; n];
+        let types = vec!["fill_executed"; n];
+        let times = vec![at; n];
+        let emit = vec![false; n];
+        let symbols = vec![Some("EURUSD"); n];
+        let sides = vec![Some("buy"); n];
+        let err = client
+            .query_one(
+                &statement,
+                &[
+                    &consumer, &ids, &accounts, &seqs, &types, &times, &emit, &symbols, &sides,
+                    &qtys, &prices,
+                ],
+            )
+            .await
+            .expect_err("the run fails");
+        let text = err
+            .as_db_error()
+            .map(|e| format!("{} {}", e.message(), e.constraint().unwrap_or("")))
+            .unwrap_or_default();
+        assert!(text.contains(expected), "{prices:?} {qtys:?}: {text}");
+    }
+    // Sound runs pass: the same shapes with nothing wrong.
+    let (ids, seqs, prices, qtys) = run(&["1", "2"], &[Some("1"), Some("1")]);
+    let row = client
+        .query_one(
+            &statement,
+            &[
+                &view.consumer(),
+                &ids,
+                &vec![7i64; 2],
+                &seqs,
+                &vec!["fill_executed"; 2],
+                &vec![at; 2],
+                &vec![false; 2],
+                &vec![Some("EURUSD"); 2],
+                &vec![Some("buy"); 2],
+                &qtys,
+                &prices,
+            ],
+        )
+        .await
+        .expect("a sound run");
+    assert_eq!(row.get::<_, i64>(0), 2);
+}
