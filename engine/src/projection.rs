@@ -111,8 +111,10 @@ pub const ENVELOPE_COLUMNS: [&str; 6] = [
 /// `ev` has the columns `event_id text, account_id bigint, seq bigint, type text,
 /// occurred_at timestamptz, emit boolean` and one column per [`Field`] the view declares
 /// ([`Projection::fields`]), and holds only events that are new to this view version and of
-/// a type it subscribes to (`emit`: see [`Projection::notices_sql`]). Unless the view is order-independent, `ev` holds
-/// at most one event per account. `{v}` in either part is replaced by the view's version.
+/// a type it subscribes to (`emit`: see [`Projection::notices_sql`]). Unless the view is
+/// order-independent or takes many events per account ([`Projection::many_per_account`]),
+/// `ev` holds at most one event per account. `{v}` in either part is replaced by the view's
+/// version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApplySql {
     /// Extra CTEs, comma separated, written after `ev` (may be empty).
