@@ -35,6 +35,7 @@ mod review_fast_inbox_unordered;
 mod review_holes;
 mod review_holes_rebuild;
 mod review_incremental_risk;
+mod review_risk_fold;
 mod review_round2;
 mod review_round3;
 mod review_round4;

@@ -7,7 +7,8 @@
 //! poison and the repairs; rows of the previous code continued; snapshot then tail; two
 //! writers sharing accounts; the generic plan). The one `#[ignore]`d test shows what was given
 //! up: an account row lost beside its book (out-of-band only) is no longer rebuilt from the
-//! book at the next event; that event is dead-lettered instead.
+//! book at the next event; that event is dead-lettered instead, with a message naming the
+//! account (`tests/it/review_risk_fold.rs` checks it).
 
 use std::sync::Arc;
 
@@ -635,9 +636,9 @@ async fn review_risk_generic_plan_reads_no_whole_table() {
 /// Not reachable through the engine (every path writes both tables in one statement, the
 /// snapshot seeds both from one book): an account whose book has rows but whose account row
 /// is gone (deleted by hand, a partial restore). The previous code wrote the row from the
-/// book at the account's next event; the incremental one starts from an empty row, so the
-/// next event breaks the `(largest_position_symbol IS NULL) = (open_positions = 0)` CHECK,
-/// is dead-lettered and parks the account. Shows the self-healing that was given up.
+/// book at the account's next event; the incremental one refuses to move an account whose
+/// row is missing beside its book (`orphaned` in risk.sql): the next event is dead-lettered
+/// and parks the account. Shows the self-healing that was given up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "out-of-band state only: shows the self-healing the incremental row gave up"]
 async fn review_risk_account_row_missing_beside_its_book_is_not_rebuilt() {

@@ -117,6 +117,7 @@ rk_move AS (
            m.symbol,
            m.version,
            m.net_qty <> 0 AS open_after,
+           m.net_qty_before IS NOT NULL AS existed,
            coalesce(m.net_qty_before, 0) <> 0 AS open_before,
            abs(m.net_qty) * m.last_price AS exposure,
            coalesce(abs(m.net_qty_before) * m.last_price_before, 0) AS exposure_before,
@@ -142,7 +143,12 @@ rk_step AS (
            a.largest_position_notional AS notional_before,
            coalesce(bool_or(m.symbol = a.largest_position_symbol), false) AS largest_moved,
            coalesce(bool_or(m.symbol = a.largest_position_symbol AND m.open_after
-                            AND m.exposure >= a.largest_position_notional), false) AS largest_held
+                            AND m.exposure >= a.largest_position_notional), false) AS largest_held,
+           -- The statement writes a symbol's book row and its account row together, and the
+           -- snapshot seeds both, so an account row is missing beside book rows only if it
+           -- was deleted by hand. Moving it from nothing would write a wrong row (and, folded,
+           -- could pass where one event at a time fails): refused, see rk_account.
+           a.account_id IS NULL AND bool_or(m.existed) AS orphaned
     FROM rk_move m
     LEFT JOIN risk_v{v} a ON a.account_id = m.account_id
     GROUP BY m.account_id, a.account_id
@@ -158,7 +164,12 @@ rk_account AS (
     SELECT s.account_id,
            trim_scale(s.gross_exposure) AS gross_exposure,
            trim_scale(s.net_exposure) AS net_exposure,
-           s.open_positions,
+           -- SQL has no RAISE: a cast that cannot succeed fails the statement with this text
+           -- (SQLSTATE 22P02, an event's error: dead-lettered, the account parked).
+           CASE WHEN s.orphaned
+                THEN ('risk_v{v}: account ' || s.account_id
+                      || ' has book rows but no account row (deleted by hand?); rebuild the view')::bigint
+                ELSE s.open_positions END AS open_positions,
            c.symbol AS largest_position_symbol,
            trim_scale(coalesce(c.notional, 0)) AS largest_position_notional,
            s.version
