@@ -815,3 +815,33 @@ async fn a_correction_of_a_waiting_event_that_fails_as_it_drains_releases_the_ac
         "the correction resolves the dead letter it replaced"
     );
 }
+
+/// A view statement that can no longer be prepared (its table dropped under a running view,
+/// which a service notices only at the next batch) fails the batch with PostgreSQL's reason,
+/// not with the rollback of a savepoint that was never opened; nothing of the batch stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_that_cannot_be_prepared_fails_the_batch_with_its_own_reason() {
+    let (db, applier) = applier_db(Trail::new(1)).await;
+    let mut client = db.client().await;
+    client
+        .batch_execute("DROP TABLE trail_v1 CASCADE")
+        .await
+        .expect("drop the view's table");
+    let mut log = Partition::new("trades", 0);
+    log.push_event(&f(1, 1, "1"));
+    let err = applier
+        .apply(&mut client, &log.batch(0, 1))
+        .await
+        .expect_err("the batch fails");
+    let text = err.to_string();
+    assert!(
+        text.contains("trail_v1") && text.contains("does not exist") && !text.contains("savepoint"),
+        "{text}"
+    );
+    let stored: i64 = client
+        .query_one("SELECT count(*) FROM projector.offsets", &[])
+        .await
+        .expect("offsets")
+        .get(0);
+    assert_eq!(stored, 0, "nothing of the batch committed");
+}

@@ -323,9 +323,9 @@ impl Applier {
             .await;
         let mut met_inbox = false;
         if let Err(first) = &result {
-            tx.batch_execute(queries::ROLLBACK_BATCH_SAVEPOINT)
-                .await
-                .map_err(self.db("rolling back a savepoint"))?;
+            if let Err(rollback) = tx.batch_execute(queries::ROLLBACK_BATCH_SAVEPOINT).await {
+                return Err(self.unrolled(result, rollback));
+            }
             // An id the inbox already has (an event published again, which an
             // order-independent view does not filter by seq, or a reused id) failed the
             // plain insert: the same rounds again, pipelined, with the statement that
@@ -339,9 +339,10 @@ impl Applier {
                     .run_rounds_pipelined(tx, work, &rounds, &self.statement, false)
                     .await;
                 if result.is_err() {
-                    tx.batch_execute(queries::ROLLBACK_BATCH_SAVEPOINT)
-                        .await
-                        .map_err(self.db("rolling back a savepoint"))?;
+                    if let Err(rollback) = tx.batch_execute(queries::ROLLBACK_BATCH_SAVEPOINT).await
+                    {
+                        return Err(self.unrolled(result, rollback));
+                    }
                 }
             }
         }
@@ -368,6 +369,24 @@ impl Applier {
             }
         }
         Ok(true)
+    }
+
+    /// The error of a fast path that failed and whose savepoint could not be rolled back
+    /// either. The statement's own error says why: a statement that cannot be prepared (a
+    /// table dropped under a running view) fails before its savepoint is opened, and the
+    /// rollback's "savepoint does not exist" would hide it.
+    fn unrolled<T>(
+        &self,
+        result: Result<T, tokio_postgres::Error>,
+        rollback: tokio_postgres::Error,
+    ) -> ApplyError {
+        match result {
+            Err(first) => {
+                tracing::debug!(error = %rollback, "the savepoint could not be rolled back either");
+                self.db("running the view statement")(first)
+            }
+            Ok(_) => self.db("rolling back a savepoint")(rollback),
+        }
     }
 
     /// The fast path: the savepoint (when `open`; a retry runs inside the one rolled back
