@@ -20,9 +20,9 @@
 //!    - `catch_up`: a new portfolio version reading the full topic from its earliest offset;
 //!    - `rebuild`: a new portfolio version built by the rebuild crate from the earliest
 //!      offsets, as `projector rebuild portfolio --from earliest` does.
-//! 2. `engine, all views`: portfolio, risk and eod on a topic of their own, fed live; then
-//!    `ceiling, all views`: the three views' rows by plain SQL, which that phase is read
-//!    against.
+//! 2. [`Options::repeat`] rounds of `engine, all views`: portfolio, risk and eod on a topic
+//!    of their own, fed live; then `ceiling, all views`: the three views' rows by plain SQL,
+//!    which that phase is read against; each figure is the best round.
 //! 3. `latency`: a portfolio version fed at [`Options::latency_rate`]; publish to visible per
 //!    event.
 //! 4. `live during a rebuild`: the latency phase again, on a version of its own, while a
@@ -89,10 +89,8 @@ const TOPIC_FULL_INBOX: &str = "bench_full_inbox";
 
 /// View versions, one per phase and round: every phase starts from empty tables and offsets.
 /// Rounds add 0, 1, ... to the bases of the repeated phases.
-const V_ALL: i32 = 1;
 const V_LATENCY: i32 = 2;
 const V_NAIVE: i32 = 3;
-const V_CEILING_ALL: i32 = 4;
 const V_FULL_INBOX: i32 = 5;
 /// The live version fed while a rebuild runs.
 const V_REBUILD_LIVE: i32 = 6;
@@ -104,6 +102,8 @@ const V_CEILING: i32 = 20;
 const V_CATCH_UP: i32 = 30;
 /// Built by the rebuild crate, which registers them (see [`V_REBUILD_LOADED`]).
 const V_REBUILD: i32 = 40;
+const V_ALL: i32 = 50;
+const V_CEILING_ALL: i32 = 60;
 
 /// What to run: `projector bench`'s flags, whose defaults are in its `--help`.
 #[derive(Debug, Clone)]
@@ -566,8 +566,8 @@ impl Bench<'_> {
         Ok((eps(self.fold.events, run.tail), run.elapsed()))
     }
 
-    /// The rows of portfolio, risk and eod at [`V_CEILING_ALL`], by plain SQL.
-    async fn ceiling_all(&self) -> Result<u64, BenchError> {
+    /// The rows of portfolio, risk and eod at `version`, by plain SQL.
+    async fn ceiling_all(&self, version: i32) -> Result<u64, BenchError> {
         settle(self.pool).await?;
         let mut by_partition: BTreeMap<i32, Vec<ceiling::Item<'_>>> = BTreeMap::new();
         let mut writes = self.fold.portfolio_writes.iter();
@@ -589,12 +589,12 @@ impl Bench<'_> {
             });
         }
         let targets = ceiling::Targets {
-            portfolio: V_CEILING_ALL,
-            risk: Some(V_CEILING_ALL),
-            eod: Some(V_CEILING_ALL),
+            portfolio: version,
+            risk: Some(version),
+            eod: Some(version),
         };
         let elapsed = ceiling::run(self.pool, targets, TOPIC_CEILING_ALL, by_partition).await?;
-        check_all_views(self, V_CEILING_ALL, TOPIC_CEILING_ALL).await?;
+        check_all_views(self, version, TOPIC_CEILING_ALL).await?;
         Ok(eps(self.fold.events, elapsed))
     }
 
@@ -685,19 +685,19 @@ async fn phases(options: &Options, pool: &Pool, url: &str) -> Result<Figures, Be
             .doing("reading the server's settings")?
             .get::<_, String>(0);
         let mut registry = Registry::new()
-            .register(Portfolio::new(V_ALL))?
-            .register(Risk::new(V_ALL))?
-            .register(Eod::new(V_ALL))?
             .register(Portfolio::new(V_LATENCY))?
             .register(Portfolio::new(V_NAIVE))?
-            .register(Portfolio::new(V_CEILING_ALL))?
-            .register(Risk::new(V_CEILING_ALL))?
-            .register(Eod::new(V_CEILING_ALL))?
             .register(Portfolio::new(V_FULL_INBOX))?
             .register(Portfolio::new(V_REBUILD_LIVE))?;
         for r in 0..repeats {
             for base in [V_ENGINE, V_CATCH_UP, V_CEILING] {
                 registry = registry.register(Portfolio::new(base + r))?;
+            }
+            for base in [V_ALL, V_CEILING_ALL] {
+                registry = registry
+                    .register(Portfolio::new(base + r))?
+                    .register(Risk::new(base + r))?
+                    .register(Eod::new(base + r))?;
             }
         }
         projector_engine::migrate(&mut client, &registry).await?;
@@ -705,7 +705,7 @@ async fn phases(options: &Options, pool: &Pool, url: &str) -> Result<Figures, Be
     let mut topics: Vec<(String, i32)> = (0..repeats)
         .map(|r| (format!("{TOPIC}_{r}"), options.partitions))
         .collect();
-    topics.push((TOPIC_ALL.to_owned(), options.partitions));
+    topics.extend((0..repeats).map(|r| (format!("{TOPIC_ALL}_{r}"), options.partitions)));
     topics.push((TOPIC_LATENCY.to_owned(), options.partitions));
     topics.push((TOPIC_REBUILD_LIVE.to_owned(), options.partitions));
     topics.push((TOPIC_FULL_INBOX.to_owned(), options.partitions));
@@ -786,15 +786,24 @@ async fn phases(options: &Options, pool: &Pool, url: &str) -> Result<Figures, Be
     f.catch_up_eps = best(&catch_up);
     f.rebuild_eps = best(&rebuilt);
     f.rebuild_command = rebuild_whole.iter().min().copied().unwrap_or_default();
-    f.samples = vec![engine, ceiling, catch_up, rebuilt];
 
-    all_views(&b, &mut f).await?;
-    eprintln!("bench: ceiling, all views: the rows of portfolio, risk and eod by plain SQL");
-    f.ceiling_all_views_eps = b.ceiling_all().await?;
-    eprintln!(
-        "bench: ceiling, all views: {} events/s; rows of the three views equal the fold",
-        grouped(f.ceiling_all_views_eps)
-    );
+    // All views and their ceiling, interleaved, `repeats` times, as the rounds above.
+    let (mut all, mut ceiling_all) = (Vec::new(), Vec::new());
+    for r in 0..repeats {
+        let round = format!("round {} of {repeats}", r + 1);
+        all.push(all_views(&b, &round, V_ALL + r, &format!("{TOPIC_ALL}_{r}")).await?);
+        eprintln!(
+            "bench: {round}: ceiling, all views: the rows of portfolio, risk and eod by plain SQL"
+        );
+        ceiling_all.push(b.ceiling_all(V_CEILING_ALL + r).await?);
+        eprintln!(
+            "bench: {round}: ceiling, all views: {} events/s; rows of the three views equal the fold",
+            grouped(ceiling_all[ceiling_all.len() - 1])
+        );
+    }
+    f.engine_all_views_eps = best(&all);
+    f.ceiling_all_views_eps = best(&ceiling_all);
+    f.samples = vec![engine, ceiling, catch_up, rebuilt, all, ceiling_all];
     latency(options, &b, &mut f).await?;
     live_during_rebuild(options, &b, budget, &mut f).await?;
     full_inbox(options, &b, &mut f).await?;
@@ -1023,35 +1032,42 @@ async fn naive(
 }
 
 /// Portfolio, risk and eod at once, live on a topic of their own.
-async fn all_views(b: &Bench<'_>, f: &mut Figures) -> Result<(), BenchError> {
-    eprintln!("bench: engine, all views, live: portfolio, risk and eod on a topic of their own");
+async fn all_views(
+    b: &Bench<'_>,
+    round: &str,
+    version: i32,
+    topic: &str,
+) -> Result<u64, BenchError> {
+    eprintln!(
+        "bench: {round}: engine, all views, live: portfolio, risk and eod on a topic of their own"
+    );
     settle(b.pool).await?;
     let consumers = vec![
-        Portfolio::new(V_ALL).consumer(),
-        Risk::new(V_ALL).consumer(),
-        Eod::new(V_ALL).consumer(),
+        Portfolio::new(version).consumer(),
+        Risk::new(version).consumer(),
+        Eod::new(version).consumer(),
     ];
     let watch = Watch::new(consumers.clone(), b.ends.clone(), false);
     let run = engine::run(
         "all views",
         b.pool,
         vec![
-            applier(Portfolio::new(V_ALL))?,
-            applier(Risk::new(V_ALL))?,
-            applier(Eod::new(V_ALL))?,
+            applier(Portfolio::new(version))?,
+            applier(Risk::new(version))?,
+            applier(Eod::new(version))?,
         ],
-        b.config(TOPIC_ALL),
+        b.config(topic),
         watch,
         Feed::Live(b.stream.clone()),
     )
     .await?;
-    f.engine_all_views_eps = eps(run.events, run.elapsed);
-    check_all_views(b, V_ALL, TOPIC_ALL).await?;
+    let rate = eps(run.events, run.elapsed);
+    check_all_views(b, version, topic).await?;
     eprintln!(
-        "bench: engine, all views: {} input events/s; rows of the three views equal the fold",
-        grouped(f.engine_all_views_eps)
+        "bench: {round}: engine, all views: {} input events/s; rows of the three views equal the fold",
+        grouped(rate)
     );
-    Ok(())
+    Ok(rate)
 }
 
 /// Publish-to-visible latency at a fixed rate, live on a topic of its own.
@@ -1271,7 +1287,7 @@ fn table(f: &Figures) -> String {
         f.rebuild_command.as_millis(),
         grouped(eps(f.events, f.rebuild_command)),
     );
-    if let [engine, ceiling, catch_up, rebuilt] = f.samples.as_slice() {
+    if let [engine, ceiling, catch_up, rebuilt, all, ceiling_all] = f.samples.as_slice() {
         let list = |v: &[u64]| {
             v.iter()
                 .map(|x| grouped(*x))
@@ -1280,12 +1296,14 @@ fn table(f: &Figures) -> String {
         };
         let _ = writeln!(
             t,
-            "best of {} rounds: engine {}; ceiling {}; catch-up {}; rebuild {}",
+            "best of {} rounds: engine {}; ceiling {}; catch-up {}; rebuild {}; all views {}; all-views ceiling {}",
             engine.len(),
             list(engine),
             list(ceiling),
             list(catch_up),
-            list(rebuilt)
+            list(rebuilt),
+            list(all),
+            list(ceiling_all)
         );
     }
     let _ = writeln!(
@@ -1426,6 +1444,8 @@ struct Rounds<'a> {
     ceiling_eps: &'a [u64],
     catch_up_eps: &'a [u64],
     rebuild_eps: &'a [u64],
+    all_views_eps: &'a [u64],
+    ceiling_all_views_eps: &'a [u64],
 }
 
 /// A decimal's text as a JSON number. The texts come from `ratio`, `ratio2` and `millis`,
@@ -1485,6 +1505,8 @@ fn json(f: &Figures) -> String {
             ceiling_eps: samples(1),
             catch_up_eps: samples(2),
             rebuild_eps: samples(3),
+            all_views_eps: samples(4),
+            ceiling_all_views_eps: samples(5),
         },
     };
     // Integers, strings and valid raw numbers only: serialization cannot fail.
