@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use crate::support::risk::{count_writes, trade, AT, BOOK, FROM_BOOK, STORED};
 use crate::support::{applier, last_seqs, seed_from_snapshots, totals, view_rows};
 use projector_engine::testkit::{
     bust, cash, consume, consume_with_crashes, EventSpec, Lcg, Partition, TestDb,
@@ -19,43 +20,11 @@ use projector_engine::testkit::{
 use projector_engine::{Projection, Registry};
 use projector_views::Risk;
 
-const AT: &str = "2026-11-28T10:00:00Z";
-
-/// The account rows as the whole book gives them (the `totals` rules, exposures trimmed),
-/// as text.
-const FROM_BOOK: &str = "WITH b AS (SELECT account_id, symbol, net_qty, last_price, version \
-       FROM risk_positions_v{v}), \
-     t AS (SELECT account_id, \
-       trim_scale(coalesce(sum(abs(net_qty) * last_price) FILTER (WHERE net_qty <> 0), 0)) AS g, \
-       trim_scale(coalesce(sum(net_qty * last_price) FILTER (WHERE net_qty <> 0), 0)) AS n, \
-       count(*) FILTER (WHERE net_qty <> 0) AS o, max(version) AS v FROM b GROUP BY account_id), \
-     l AS (SELECT DISTINCT ON (account_id) account_id, symbol, abs(net_qty) * last_price AS x \
-       FROM b WHERE net_qty <> 0 \
-       ORDER BY account_id, abs(net_qty) * last_price DESC, symbol COLLATE \"C\") \
-     SELECT t.account_id::text, t.g::text, t.n::text, t.o::text, coalesce(l.symbol, 'NULL'), \
-       trim_scale(coalesce(l.x, 0))::text, t.v::text \
-     FROM t LEFT JOIN l USING (account_id) ORDER BY t.account_id";
-
-/// The account rows as stored, as text.
-const STORED: &str = "SELECT account_id::text, gross_exposure::text, net_exposure::text, \
-     open_positions::text, coalesce(largest_position_symbol, 'NULL'), \
-     largest_position_notional::text, version::text FROM risk_v{v} ORDER BY account_id";
-
 async fn risk_db(v: i32) -> (TestDb, Arc<dyn Projection>) {
     let view: Arc<dyn Projection> = Arc::new(Risk::new(v));
     let mut registry = Registry::new();
     registry.add(view.clone()).expect("register");
     (TestDb::new(&registry).await, view)
-}
-
-fn trade(account: i64, seq: i64, symbol: &str, side: &str, qty: &str, price: &str) -> EventSpec {
-    EventSpec::new(
-        "fill_executed",
-        account,
-        seq,
-        AT,
-        serde_json::json!({"symbol": symbol, "side": side, "qty": qty, "price": price}),
-    )
 }
 
 /// Symbols that differ in case, trailing space, normalization and byte order only.
@@ -391,10 +360,6 @@ async fn review_risk_snapshot_then_tail_equals_the_live_version_in_text() {
     );
 }
 
-const BOOK: &str =
-    "SELECT account_id::text, symbol, net_qty::text, last_price::text, version::text \
-     FROM risk_positions_v{v} ORDER BY account_id, symbol COLLATE \"C\"";
-
 /// Two writers on two partitions that share every account (a partition-count change),
 /// concurrently: events wait for their gaps, drain when filled, and the account lock
 /// serializes the writers. The result equals one writer's, and the book's.
@@ -664,21 +629,6 @@ async fn review_risk_account_row_missing_beside_its_book_is_not_rebuilt() {
 // ---------------------------------------------------------------------------------------
 // One statement per batch (`Projection::many_per_account`).
 
-/// Counts the rows each statement writes into `table` (a row trigger), so that a test can
-/// tell one statement per batch from one per event.
-async fn count_writes(client: &deadpool_postgres::Client, table: &str) {
-    client
-        .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS row_writes (tbl text NOT NULL); \
-             CREATE OR REPLACE FUNCTION count_row_write() RETURNS trigger LANGUAGE plpgsql AS \
-               $$BEGIN INSERT INTO row_writes VALUES (TG_TABLE_NAME); RETURN NULL; END$$; \
-             CREATE TRIGGER count_writes AFTER INSERT OR UPDATE ON {table} \
-               FOR EACH ROW EXECUTE FUNCTION count_row_write();"
-        ))
-        .await
-        .expect("trigger");
-}
-
 /// A batch holding each account's whole run of events (several symbols, several events of
 /// one symbol, a bust of a fill of the same batch, the largest position closed while another
 /// grows, a new account) moves each book row and each account row once, and leaves the same
@@ -692,8 +642,7 @@ async fn review_risk_a_batch_writes_each_row_once_and_equals_one_event_at_a_time
     registry.add(single.clone()).expect("register");
     let db = TestDb::new(&registry).await;
     let mut client = db.client().await;
-    count_writes(&client, "risk_v1").await;
-    count_writes(&client, "risk_positions_v1").await;
+    count_writes(&client, &["risk_v1", "risk_positions_v1"]).await;
 
     let first = trade(1, 1, "EURUSD", "buy", "10", "1.10");
     let events = vec![
@@ -737,9 +686,7 @@ async fn review_risk_a_batch_writes_each_row_once_and_equals_one_event_at_a_time
 
     let outcomes = consume(&applier(single.clone()), &mut client, &log, 1).await;
     assert_eq!(totals("risk", &outcomes).applied, 11);
-    let book = "SELECT account_id::text, symbol, net_qty::text, last_price::text, version::text \
-                FROM risk_positions_v{v} ORDER BY account_id, symbol COLLATE \"C\"";
-    for sql in [book, STORED] {
+    for sql in [BOOK, STORED] {
         assert_eq!(
             view_rows(&client, &*batched, sql).await,
             view_rows(&client, &*single, sql).await,

@@ -12,14 +12,13 @@
 
 use std::sync::Arc;
 
+use crate::support::risk::{count_writes, trade, AT, BOOK, FROM_BOOK, STORED};
 use crate::support::{applier, view_rows};
 use projector_engine::testkit::{
     bust, cash, consume, consume_with_crashes, EventSpec, Lcg, Partition, TestDb,
 };
 use projector_engine::{ApplySql, DedupMode, Field, Projection, Registry};
 use projector_views::Risk;
-
-const AT: &str = "2026-11-28T10:00:00Z";
 
 /// risk with the fold turned off: the same SQL, run by the engine in rounds of one event per
 /// account (what it did for risk before d626fba).
@@ -60,31 +59,6 @@ impl Projection for Unfolded {
         self.0.snapshot_sql()
     }
 }
-
-/// The book, as text.
-const BOOK: &str =
-    "SELECT account_id::text, symbol, net_qty::text, last_price::text, version::text \
-     FROM risk_positions_v{v} ORDER BY account_id, symbol COLLATE \"C\"";
-
-/// The account rows, as text.
-const STORED: &str = "SELECT account_id::text, gross_exposure::text, net_exposure::text, \
-     open_positions::text, coalesce(largest_position_symbol, 'NULL'), \
-     largest_position_notional::text, version::text FROM risk_v{v} ORDER BY account_id";
-
-/// The account rows as the whole book gives them (the `totals` rules), as text: the truth
-/// the incremental rows must equal.
-const FROM_BOOK: &str = "WITH b AS (SELECT account_id, symbol, net_qty, last_price, version \
-       FROM risk_positions_v{v}), \
-     t AS (SELECT account_id, \
-       trim_scale(coalesce(sum(abs(net_qty) * last_price) FILTER (WHERE net_qty <> 0), 0)) AS g, \
-       trim_scale(coalesce(sum(net_qty * last_price) FILTER (WHERE net_qty <> 0), 0)) AS n, \
-       count(*) FILTER (WHERE net_qty <> 0) AS o, max(version) AS v FROM b GROUP BY account_id), \
-     l AS (SELECT DISTINCT ON (account_id) account_id, symbol, abs(net_qty) * last_price AS x \
-       FROM b WHERE net_qty <> 0 \
-       ORDER BY account_id, abs(net_qty) * last_price DESC, symbol COLLATE \"C\") \
-     SELECT t.account_id::text, t.g::text, t.n::text, t.o::text, coalesce(l.symbol, 'NULL'), \
-       trim_scale(coalesce(l.x, 0))::text, t.v::text \
-     FROM t LEFT JOIN l USING (account_id) ORDER BY t.account_id";
 
 /// Everything a consumer leaves behind besides its offsets' timestamps, as text; the
 /// version number in error texts (constraint names) is blanked.
@@ -160,16 +134,6 @@ async fn rows_are_the_books(
             view.consumer()
         ))
     }
-}
-
-fn trade(account: i64, seq: i64, symbol: &str, side: &str, qty: &str, price: &str) -> EventSpec {
-    EventSpec::new(
-        "fill_executed",
-        account,
-        seq,
-        AT,
-        serde_json::json!({"symbol": symbol, "side": side, "qty": qty, "price": price}),
-    )
 }
 
 /// Symbols that differ in case, a trailing space, normalization and byte order only.
@@ -299,26 +263,6 @@ fn messy_log(seed: u64, accounts: i64, per_account: i64) -> Vec<EventSpec> {
 }
 
 /// Counts the rows written into each of `tables` (a row trigger).
-async fn count_writes(client: &deadpool_postgres::Client, tables: &[&str]) {
-    client
-        .batch_execute(
-            "CREATE TABLE row_writes (tbl text NOT NULL); \
-             CREATE FUNCTION count_row_write() RETURNS trigger LANGUAGE plpgsql AS \
-               $$BEGIN INSERT INTO row_writes VALUES (TG_TABLE_NAME); RETURN NULL; END$$;",
-        )
-        .await
-        .expect("trigger function");
-    for table in tables {
-        client
-            .batch_execute(&format!(
-                "CREATE TRIGGER count_writes AFTER INSERT OR UPDATE ON {table} \
-                 FOR EACH ROW EXECUTE FUNCTION count_row_write()"
-            ))
-            .await
-            .expect("trigger");
-    }
-}
-
 async fn writes(client: &deadpool_postgres::Client, table: &str) -> i64 {
     client
         .query_one("SELECT count(*) FROM row_writes WHERE tbl = $1", &[&table])

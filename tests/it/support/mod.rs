@@ -4,6 +4,7 @@
 pub mod kafka;
 pub mod process;
 pub mod proxy;
+pub mod risk;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
