@@ -322,29 +322,27 @@ impl Applier {
             .run_rounds_pipelined(tx, work, &rounds, first_statement, true)
             .await;
         let mut met_inbox = false;
-        if let Err(first) = &result {
-            if let Err(rollback) = tx.batch_execute(queries::ROLLBACK_BATCH_SAVEPOINT).await {
-                return Err(self.unrolled(result, rollback));
-            }
+        if let Err(first) = result {
+            let first = self.roll_back_fast_path(tx, first).await?;
             // An id the inbox already has (an event published again, which an
             // order-independent view does not filter by seq, or a reused id) failed the
             // plain insert: the same rounds again, pipelined, with the statement that
             // skips it.
             // Only a failure of that one takes the careful path, whose cost grows with the
             // rounds (a savepoint and a round trip each).
-            if plain_first && is_inbox_conflict(first) {
+            result = if plain_first && is_inbox_conflict(&first) {
                 met_inbox = true;
                 tracing::debug!(error = %first, "an id the inbox already has; the rounds again with ON CONFLICT");
-                result = self
+                match self
                     .run_rounds_pipelined(tx, work, &rounds, &self.statement, false)
-                    .await;
-                if result.is_err() {
-                    if let Err(rollback) = tx.batch_execute(queries::ROLLBACK_BATCH_SAVEPOINT).await
-                    {
-                        return Err(self.unrolled(result, rollback));
-                    }
+                    .await
+                {
+                    Err(second) => Err(self.roll_back_fast_path(tx, second).await?),
+                    ok => ok,
                 }
-            }
+            } else {
+                Err(first)
+            };
         }
         match result {
             Ok(results) => {
@@ -371,21 +369,21 @@ impl Applier {
         Ok(true)
     }
 
-    /// The error of a fast path that failed and whose savepoint could not be rolled back
-    /// either. The statement's own error says why: a statement that cannot be prepared (a
-    /// table dropped under a running view) fails before its savepoint is opened, and the
-    /// rollback's "savepoint does not exist" would hide it.
-    fn unrolled<T>(
+    /// Rolls back to the fast path's savepoint after `failed`, and gives `failed` back. When
+    /// the rollback fails too, the batch fails with `failed`, which says why: a statement
+    /// that cannot be prepared (a table dropped under a running view) fails before the
+    /// savepoint is opened, and the rollback's "savepoint does not exist" would hide it.
+    async fn roll_back_fast_path(
         &self,
-        result: Result<T, tokio_postgres::Error>,
-        rollback: tokio_postgres::Error,
-    ) -> ApplyError {
-        match result {
-            Err(first) => {
+        tx: &Transaction<'_>,
+        failed: tokio_postgres::Error,
+    ) -> Result<tokio_postgres::Error, ApplyError> {
+        match tx.batch_execute(queries::ROLLBACK_BATCH_SAVEPOINT).await {
+            Ok(()) => Ok(failed),
+            Err(rollback) => {
                 tracing::debug!(error = %rollback, "the savepoint could not be rolled back either");
-                self.db("running the view statement")(first)
+                Err(self.db("running the view statement")(failed))
             }
-            Ok(_) => self.db("rolling back a savepoint")(rollback),
         }
     }
 
