@@ -732,10 +732,8 @@ fn is_canonical_text(key: &[u8], n: i64) -> bool {
     if negative != (n < 0) || digits.is_empty() || digits.len() > 19 {
         return false;
     }
+    // A leading zero ("01", and "-0": a negative n has a non-zero digit left at the end).
     if digits.len() > 1 && digits[0] == b'0' {
-        return false;
-    }
-    if negative && digits == b"0" {
         return false;
     }
     let mut magnitude = n.unsigned_abs();
