@@ -87,8 +87,9 @@ const TOPIC_CEILING_ALL: &str = "bench_ceiling_all";
 const TOPIC_REBUILD_LIVE: &str = "bench_rebuild_live";
 const TOPIC_FULL_INBOX: &str = "bench_full_inbox";
 
-/// View versions, one per phase and round: every phase starts from empty tables and offsets.
-/// Rounds add 0, 1, ... to the bases of the repeated phases.
+// View versions, one per phase and round: every phase starts from empty tables and offsets.
+// Rounds add 0, 1, ... to the bases of the repeated phases.
+
 /// Registered first, so that this version is the live one of each view and never runs: every
 /// measured version is then `building`, and none writes notices, which the ceilings do not
 /// write either (the first version registered of a name goes live).
