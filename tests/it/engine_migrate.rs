@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::support::variant::Variant;
 use crate::support::Trail;
 use projector_engine::testkit::TestDb;
 use projector_engine::{migrate, Applier, DedupMode, Registry, SourceOrdering, ViewError};
@@ -133,41 +134,12 @@ fn the_registry_refuses_bad_views() {
 /// filter, which counts the events it dropped as one written row per event.
 #[test]
 fn many_events_per_account_with_the_version_filter_is_refused() {
-    use projector_engine::{ApplySql, Projection};
-    struct Many(Trail);
-    impl Projection for Many {
-        fn name(&self) -> &str {
-            self.0.name()
-        }
-        fn version(&self) -> i32 {
-            self.0.version()
-        }
-        fn subscribes(&self) -> &[&str] {
-            self.0.subscribes()
-        }
-        fn dedup(&self) -> DedupMode {
-            self.0.dedup()
-        }
-        fn many_per_account(&self) -> bool {
-            true
-        }
-        fn ddl(&self) -> String {
-            self.0.ddl()
-        }
-        fn tables(&self) -> Vec<String> {
-            self.0.tables()
-        }
-        fn apply_sql(&self) -> ApplySql {
-            self.0.apply_sql()
-        }
-        fn read_sql(&self) -> String {
-            self.0.read_sql()
-        }
-    }
-    let mut filtered = Trail::new(1);
-    filtered.dedup = DedupMode::Both;
-    let err =
-        Applier::new(Arc::new(Many(filtered)), SourceOrdering::PerAccount).expect_err("refused");
+    let many = || Variant::of(Trail::new(1)).many_per_account(true);
+    let err = Applier::new(
+        Arc::new(many().dedup(DedupMode::Both)),
+        SourceOrdering::PerAccount,
+    )
+    .expect_err("refused");
     assert!(
         matches!(err, ViewError::ManyPerAccountWithVersionFilter(_)),
         "{err}"
@@ -178,5 +150,5 @@ fn many_events_per_account_with_the_version_filter_is_refused() {
         "{line}"
     );
     // With the inbox alone it runs.
-    Applier::new(Arc::new(Many(Trail::new(1))), SourceOrdering::PerAccount).expect("accepted");
+    Applier::new(Arc::new(many()), SourceOrdering::PerAccount).expect("accepted");
 }

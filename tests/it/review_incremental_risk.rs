@@ -13,11 +13,12 @@
 use std::sync::Arc;
 
 use crate::support::risk::{count_writes, trade, AT, BOOK, FROM_BOOK, STORED};
+use crate::support::variant::Variant;
 use crate::support::{applier, last_seqs, seed_from_snapshots, totals, view_rows};
 use projector_engine::testkit::{
     bust, cash, consume, consume_with_crashes, EventSpec, Lcg, Partition, TestDb,
 };
-use projector_engine::{Projection, Registry};
+use projector_engine::{ApplySql, Projection, Registry};
 use projector_views::Risk;
 
 async fn risk_db(v: i32) -> (TestDb, Arc<dyn Projection>) {
@@ -190,42 +191,6 @@ ON CONFLICT (account_id) DO UPDATE SET
     version                   = EXCLUDED.version
 RETURNING 1"#;
 
-/// risk as the previous code wrote it: same name, version, tables and read SQL.
-struct OldRisk(Risk);
-
-impl Projection for OldRisk {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-    fn version(&self) -> i32 {
-        self.0.version()
-    }
-    fn subscribes(&self) -> &[&str] {
-        self.0.subscribes()
-    }
-    fn dedup(&self) -> projector_engine::DedupMode {
-        self.0.dedup()
-    }
-    fn fields(&self) -> Vec<projector_engine::Field> {
-        self.0.fields()
-    }
-    fn ddl(&self) -> String {
-        self.0.ddl()
-    }
-    fn tables(&self) -> Vec<String> {
-        self.0.tables()
-    }
-    fn apply_sql(&self) -> projector_engine::ApplySql {
-        projector_engine::ApplySql {
-            ctes: OLD_CTES.to_owned(),
-            write: OLD_WRITE.to_owned(),
-        }
-    }
-    fn read_sql(&self) -> String {
-        self.0.read_sql()
-    }
-}
-
 /// Stored rows that differ in value from the book's (numeric equality: 1.50 = 1.5).
 const VALUE_DIFFERENCES: &str =
     "WITH b AS (SELECT account_id, symbol, net_qty, last_price, version \
@@ -255,7 +220,16 @@ async fn review_risk_rows_of_the_previous_code_continue_to_the_book() {
     let events = stress(11, 5, 60);
     let (db, view) = risk_db(1).await;
     let mut client = db.client().await;
-    let old: Arc<dyn Projection> = Arc::new(OldRisk(Risk::new(1)));
+    // risk as the previous code wrote it: same name, version, tables and read SQL, one event
+    // per account per statement.
+    let old: Arc<dyn Projection> = Arc::new(
+        Variant::of(Risk::new(1))
+            .apply_sql(ApplySql {
+                ctes: OLD_CTES.to_owned(),
+                write: OLD_WRITE.to_owned(),
+            })
+            .many_per_account(false),
+    );
     let cut = events.len() / 2;
     let log = Partition::from_events("trades", 0, &events[..cut]);
     totals(

@@ -5,59 +5,26 @@
 //! position from the moved symbols, the previous largest, or a rescan).
 //!
 //! The reference is the same events applied one at a time: a second version of risk fed one
-//! event per batch, and a third version whose fold is turned off (`Unfolded`, the engine's
-//! rounds of one event per account, as before the change) fed the same batches as the folded
+//! event per batch, and a third version whose fold is turned off (`unfolded`, a `Variant`: the
+//! engine's rounds of one event per account, as before the change) fed the same batches as the folded
 //! one. Rows are compared as text (numeric scale included), and so are the dead letters, the
 //! waiting events, the parked accounts, the progress rows, the inbox and the counters.
 
 use std::sync::Arc;
 
 use crate::support::risk::{count_writes, trade, AT, BOOK, FROM_BOOK, STORED};
+use crate::support::variant::Variant;
 use crate::support::{applier, view_rows};
 use projector_engine::testkit::{
     bust, cash, consume, consume_with_crashes, EventSpec, Lcg, Partition, TestDb,
 };
-use projector_engine::{ApplySql, DedupMode, Field, Projection, Registry};
+use projector_engine::{Projection, Registry};
 use projector_views::Risk;
 
-/// risk with the fold turned off: the same SQL, run by the engine in rounds of one event per
-/// account (what it did for risk before d626fba).
-struct Unfolded(Risk);
-
-impl Projection for Unfolded {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-    fn version(&self) -> i32 {
-        self.0.version()
-    }
-    fn subscribes(&self) -> &[&str] {
-        self.0.subscribes()
-    }
-    fn dedup(&self) -> DedupMode {
-        self.0.dedup()
-    }
-    fn many_per_account(&self) -> bool {
-        false
-    }
-    fn fields(&self) -> Vec<Field> {
-        self.0.fields()
-    }
-    fn ddl(&self) -> String {
-        self.0.ddl()
-    }
-    fn tables(&self) -> Vec<String> {
-        self.0.tables()
-    }
-    fn apply_sql(&self) -> ApplySql {
-        self.0.apply_sql()
-    }
-    fn read_sql(&self) -> String {
-        self.0.read_sql()
-    }
-    fn snapshot_sql(&self) -> Option<String> {
-        self.0.snapshot_sql()
-    }
+/// risk with the fold turned off, at `version`: the same SQL, run by the engine in rounds of
+/// one event per account (what it did for risk before d626fba).
+fn unfolded(version: i32) -> Arc<dyn Projection> {
+    Arc::new(Variant::of(Risk::new(version)).many_per_account(false))
 }
 
 /// Everything a consumer leaves behind besides its offsets' timestamps, as text; the
@@ -323,48 +290,6 @@ async fn repair_all(
     panic!("{consumer}: the repairs did not end");
 }
 
-/// risk with its SQL changed by `(from, to)` replacements, folding (a deliberately broken
-/// fold, to show that the comparison catches one).
-struct Mutant(Risk, Vec<(&'static str, &'static str)>);
-
-impl Projection for Mutant {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-    fn version(&self) -> i32 {
-        self.0.version()
-    }
-    fn subscribes(&self) -> &[&str] {
-        self.0.subscribes()
-    }
-    fn dedup(&self) -> DedupMode {
-        self.0.dedup()
-    }
-    fn many_per_account(&self) -> bool {
-        true
-    }
-    fn fields(&self) -> Vec<Field> {
-        self.0.fields()
-    }
-    fn ddl(&self) -> String {
-        self.0.ddl()
-    }
-    fn tables(&self) -> Vec<String> {
-        self.0.tables()
-    }
-    fn apply_sql(&self) -> ApplySql {
-        let mut sql = self.0.apply_sql();
-        for (from, to) in &self.1 {
-            assert!(sql.ctes.contains(from), "{from}");
-            sql.ctes = sql.ctes.replace(from, to);
-        }
-        sql
-    }
-    fn read_sql(&self) -> String {
-        self.0.read_sql()
-    }
-}
-
 /// Messy streams (several symbols per account, long runs of one symbol, busts, ties, zero
 /// prices, extreme decimals, case and normalization variants, gaps that wait and drain,
 /// redeliveries, reused ids that fail the plain insert, poison and its corrections, crashes
@@ -380,7 +305,7 @@ async fn differential(
     settings: &str,
 ) -> Result<(), String> {
     let single: Arc<dyn Projection> = Arc::new(Risk::new(2));
-    let unfolded: Arc<dyn Projection> = Arc::new(Unfolded(Risk::new(3)));
+    let unfolded: Arc<dyn Projection> = unfolded(3);
     let mut registry = Registry::new();
     for v in [&folded, &single, &unfolded] {
         registry.add(v.clone()).expect("register");
@@ -510,9 +435,13 @@ async fn review_fold_the_comparison_catches_a_broken_fold() {
         let label = format!("{mutant:?}");
         let mut caught = false;
         for seed in [7u64, 8, 9, 10] {
-            if differential(Arc::new(Mutant(Risk::new(1), mutant.clone())), seed, "")
-                .await
-                .is_err()
+            if differential(
+                Arc::new(Variant::of(Risk::new(1)).replacing(&mutant)),
+                seed,
+                "",
+            )
+            .await
+            .is_err()
             {
                 caught = true;
                 break;
@@ -694,7 +623,7 @@ async fn review_fold_snapshot_then_folded_tail_equals_the_live_version() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn review_fold_a_lost_account_row_fails_folded_as_one_event_at_a_time() {
     let folded: Arc<dyn Projection> = Arc::new(Risk::new(1));
-    let unfolded: Arc<dyn Projection> = Arc::new(Unfolded(Risk::new(3)));
+    let unfolded: Arc<dyn Projection> = unfolded(3);
     let mut registry = Registry::new();
     registry.add(folded.clone()).expect("register");
     registry.add(unfolded.clone()).expect("register");

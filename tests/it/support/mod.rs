@@ -5,6 +5,7 @@ pub mod kafka;
 pub mod process;
 pub mod proxy;
 pub mod risk;
+pub mod variant;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
