@@ -121,8 +121,13 @@ async fn connect(url: &str, registry: &Registry) -> anyhow::Result<Client> {
     Ok(client)
 }
 
-/// The applier of a view version, by consumer name.
-fn applier_of(registry: &Registry, consumer: &str) -> anyhow::Result<Applier> {
+/// The applier of a view version, by consumer name: refused unless this binary's code for
+/// the version is the code that registered it (a repair applies the view's statement).
+async fn applier_of(
+    client: &Client,
+    registry: &Registry,
+    consumer: &str,
+) -> anyhow::Result<Applier> {
     let Some((name, version)) = consumer
         .rsplit_once("_v")
         .and_then(|(n, v)| v.parse::<i32>().ok().map(|v| (n, v)))
@@ -130,6 +135,7 @@ fn applier_of(registry: &Registry, consumer: &str) -> anyhow::Result<Applier> {
         bail!("{consumer:?} is not a view version's consumer name");
     };
     let code = registry.code_for(name, version)?;
+    projector_engine::fingerprint::check(client, &*code).await?;
     Ok(Applier::new(code, SourceOrdering::PerAccount)?)
 }
 
@@ -247,7 +253,7 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
         }
         Dlq::Retry { id, by } => {
             let consumer = consumer_of_dead_letter(&client, id).await?;
-            let applier = applier_of(registry, &consumer)?;
+            let applier = applier_of(&client, registry, &consumer).await?;
             let (disposition, mut counts) =
                 applier.retry_dead_letter(&mut client, id, &who(by)).await?;
             // One repair step drains a bounded number of the events that waited behind it;
@@ -288,7 +294,7 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
         Dlq::Skip { id, reason, by } => {
             let consumer = consumer_of_dead_letter(&client, id).await?;
             let by = who(by);
-            match applier_of(registry, &consumer) {
+            match applier_of(&client, registry, &consumer).await {
                 Ok(applier) => match applier
                     .skip_dead_letter(&mut client, id, &by, &reason)
                     .await?
@@ -425,7 +431,7 @@ pub async fn run_parked(url: &str, registry: &Registry, command: Parked) -> anyh
             by,
         } => {
             let consumer = consumer_of(&client, &view, version).await?;
-            let applier = Arc::new(applier_of(registry, &consumer)?);
+            let applier = Arc::new(applier_of(&client, registry, &consumer).await?);
             // What waits and can go first: the seq the account is parked at may wait sound
             // (a corrected republish the last bounded drain stopped short of) while the
             // park still names the original's dead letter, which would only fail again.
@@ -473,7 +479,7 @@ pub async fn run_parked(url: &str, registry: &Registry, command: Parked) -> anyh
             by,
         } => {
             let consumer = consumer_of(&client, &view, version).await?;
-            let applier = applier_of(registry, &consumer)?;
+            let applier = applier_of(&client, registry, &consumer).await?;
             let mut counts = applier
                 .skip_seq(&mut client, account, seq, &who(by), &reason)
                 .await?;

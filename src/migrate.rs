@@ -12,7 +12,11 @@ pub async fn run(database_url: &str, registry: &Registry) -> anyhow::Result<()> 
         .await
         .context("cannot connect to PostgreSQL (check --database-url / DATABASE_URL)")?;
     let report = projector_engine::migrate(&mut client, registry).await?;
-    if report.applied.is_empty() && report.registered.is_empty() && report.read_names.is_empty() {
+    if report.applied.is_empty()
+        && report.registered.is_empty()
+        && report.read_names.is_empty()
+        && report.skipped.is_empty()
+    {
         println!("schema up to date; nothing to do");
     }
     for m in &report.applied {
@@ -23,6 +27,9 @@ pub async fn run(database_url: &str, registry: &Registry) -> anyhow::Result<()> 
     }
     for name in &report.read_names {
         println!("created read name {name}");
+    }
+    for (_, reason) in &report.skipped {
+        eprintln!("projector: left alone: {reason}");
     }
     Ok(())
 }

@@ -68,6 +68,7 @@ pub async fn run(args: Args, database_url: Option<String>) -> anyhow::Result<boo
         names: args.views,
         rule: HealthRule {
             stall_after: stall_after(args.stall_after, &file)?,
+            ..HealthRule::default()
         },
         parked_limit: args.parked,
         sample: (!args.sample.is_zero()).then_some(args.sample),
@@ -212,6 +213,34 @@ pub fn render(status: &Status, all_partitions: bool) -> String {
             lines
         })
         .collect();
+    // Which process does what with which version: a version nobody consumes is named here
+    // with the reason, instead of looking idle.
+    let fresh: Vec<_> = status.processes.iter().filter(|p| p.fresh).collect();
+    if !fresh.is_empty() {
+        let _ = writeln!(out, "processes");
+        for p in fresh {
+            let views: Vec<String> = p
+                .views
+                .iter()
+                .map(|v| match (v.state.as_str(), &v.detail) {
+                    ("consuming", _) => v.consumer.clone(),
+                    (state, Some(detail)) => format!("{} {state} ({detail})", v.consumer),
+                    (state, None) => format!("{} {state}", v.consumer),
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "  {}  up {}  {}",
+                p.instance,
+                human_seconds((status.taken_at - p.started_at).num_seconds()),
+                if views.is_empty() {
+                    "serves nothing".to_owned()
+                } else {
+                    views.join(", ")
+                }
+            );
+        }
+    }
     if !details.is_empty() {
         let _ = writeln!(out, "details");
         for l in details {

@@ -9,11 +9,13 @@
 //!
 //! - [`event`]: the wire format; decoding a message into an [`Event`] or saying why it is poison.
 //! - [`projection`]: the [`Projection`] trait views implement, and the [`Registry`] of views.
+//! - [`fingerprint`]: a version runs only with the code that registered it.
 //! - [`sequencer`] (private): per-account `seq` ordering: duplicates, gaps, parked accounts.
 //! - [`apply`]: the hot path; one batch of one partition into one view version, one transaction.
 //! - [`queries`]: every statement the engine runs on its own tables.
 //! - [`db`]: connection pools that never hand out a connection left inside a transaction.
 //! - [`kafka`]: the Kafka source; the producer and a dev broker are in `projector-devkit`.
+//! - [`processes`]: which process consumes, fails to start or skips which version.
 //! - [`schema`]: the engine's migrations and view installation (`projector migrate`).
 //! - [`ops`]: status, the health rule, gauges, inbox retention, reconciliation.
 //! - `metrics` (private): counters through the `metrics` facade.
@@ -23,9 +25,11 @@
 pub mod apply;
 pub mod db;
 pub mod event;
+pub mod fingerprint;
 pub mod kafka;
 mod metrics;
 pub mod ops;
+pub mod processes;
 pub mod projection;
 pub mod queries;
 pub mod schema;

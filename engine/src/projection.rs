@@ -215,6 +215,14 @@ pub trait Projection: Send + Sync + 'static {
         None
     }
 
+    /// Fingerprints ([`crate::fingerprint::of`]) of earlier code for this same version whose
+    /// results this code keeps (a faster statement, a reformatted DDL): a version registered
+    /// by that code goes on running with this one. Code that changes a version's results is
+    /// a new version instead. Empty by default.
+    fn replaces(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// The key of everything this version owns: inbox rows, offsets, dead letters.
     fn consumer(&self) -> String {
         format!("{}_v{}", self.name(), self.version())

@@ -3,6 +3,7 @@
 
 use deadpool_postgres::Client;
 
+use crate::fingerprint::{self, Verdict};
 use crate::projection::{render, Projection, Registry};
 
 mod embedded {
@@ -52,6 +53,9 @@ pub struct MigrateReport {
     pub registered: Vec<(String, String)>,
     /// Stable read names created by this run.
     pub read_names: Vec<String>,
+    /// View versions left alone because another code registered them, each with the
+    /// one-line reason (both fingerprints).
+    pub skipped: Vec<(String, String)>,
 }
 
 /// Applies the engine schema and installs every registered view.
@@ -110,33 +114,54 @@ async fn migrate_locked(
 }
 
 /// Creates a view version's tables and registers it: `live` when the view has no version
-/// yet, `building` otherwise (a rebuild fills it and cuts over). The stable read name is
-/// created for the live version when it does not exist; cutover replaces it.
+/// yet, `building` otherwise (a rebuild fills it and cuts over), with the fingerprint of the
+/// code that registered it. The stable read name is created for the live version when it
+/// does not exist; cutover replaces it. A version registered by other code is left alone
+/// (not even its DDL runs: it could add to tables another code owns) and reported.
 async fn install_view(
     client: &mut Client,
     view: &dyn Projection,
     out: &mut MigrateReport,
 ) -> Result<(), tokio_postgres::Error> {
     let tx = client.transaction().await?;
-    let dropped = tx
+    let existing = tx
         .query_opt(
-            "SELECT 1 FROM projector.views WHERE name = $1 AND version = $2 AND dropped_at IS NOT NULL",
+            "SELECT dropped_at IS NOT NULL, fingerprint FROM projector.views \
+             WHERE name = $1 AND version = $2",
             &[&view.name(), &view.version()],
         )
-        .await?
-        .is_some();
-    if dropped {
-        // Retired and dropped by `projector retire --drop`: never recreated empty.
-        return tx.commit().await;
+        .await?;
+    let ours = fingerprint::of(view);
+    if let Some(row) = &existing {
+        if row.get::<_, bool>(0) {
+            // Retired and dropped by `projector retire --drop`: never recreated empty.
+            return tx.commit().await;
+        }
+        let recorded: Option<String> = row.get(1);
+        match fingerprint::judge(view, recorded.as_deref()) {
+            Ok(Verdict::Adopted) => {
+                tx.execute(
+                    "UPDATE projector.views SET fingerprint = $3 \
+                     WHERE name = $1 AND version = $2 AND fingerprint IS NULL",
+                    &[&view.name(), &view.version(), &ours],
+                )
+                .await?;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                out.skipped.push((view.consumer(), e.to_string()));
+                return tx.commit().await;
+            }
+        }
     }
     tx.batch_execute(&render(view, &view.ddl())).await?;
     let registered = tx
         .query_opt(
-            "INSERT INTO projector.views (name, version, state) \
+            "INSERT INTO projector.views (name, version, state, fingerprint) \
              SELECT $1, $2, CASE WHEN EXISTS (SELECT 1 FROM projector.views WHERE name = $1) \
-                                 THEN 'building' ELSE 'live' END \
+                                 THEN 'building' ELSE 'live' END, $3 \
              ON CONFLICT (name, version) DO NOTHING RETURNING state",
-            &[&view.name(), &view.version()],
+            &[&view.name(), &view.version(), &ours],
         )
         .await?;
     if let Some(row) = registered {

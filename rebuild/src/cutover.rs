@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Client;
+use projector_engine::fingerprint;
 use projector_engine::kafka::running;
 use projector_engine::projection::render;
 use projector_engine::{Projection, Registry};
@@ -45,6 +46,8 @@ pub async fn cutover(
     max_behind: Option<i64>,
 ) -> Result<CutoverReport, RebuildError> {
     let code = registry.code_for(name, version)?;
+    // The read name is this code's read SQL: it must be the code that built the version.
+    fingerprint::check(&*client, &*code).await?;
     let tx = client
         .transaction()
         .await
@@ -238,6 +241,15 @@ pub async fn retire(
             )));
         }
     }
+    // The tables dropped are the ones this code names: it must be the version's code, which
+    // is checked before anything changes.
+    let code = if drop && !row.dropped {
+        let code = registry.code_for(name, version)?;
+        fingerprint::check(&*client, &*code).await?;
+        Some(code)
+    } else {
+        None
+    };
     // The state read above is not locked: a cutover may have made the version live since.
     // The condition is in the statement, evaluated on the row as it is once locked.
     let retired = client
@@ -254,9 +266,8 @@ pub async fn retire(
             "{name} v{version} is live; cut over to another version first"
         )));
     }
-    if drop && !row.dropped {
-        let code = registry.code_for(name, version)?;
-        drop_version(client, &code).await?;
+    if let Some(code) = &code {
+        drop_version(client, code).await?;
         client
             .execute(
                 "UPDATE projector.views SET dropped_at = now() WHERE name = $1 AND version = $2",
@@ -387,6 +398,7 @@ pub async fn cancel(
     }
     tx.commit().await.map_err(db("cancelling the rebuild"))?;
     let code = registry.code_for(name, r.version)?;
+    fingerprint::check(&*client, &*code).await?;
     drop_version(client, &code).await?;
     client
         .execute(

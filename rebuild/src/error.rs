@@ -10,6 +10,9 @@ pub enum RebuildError {
     /// The view or its code for the version.
     #[error(transparent)]
     View(#[from] ViewError),
+    /// This binary's code for the version is not the code that registered it.
+    #[error(transparent)]
+    Code(#[from] projector_engine::fingerprint::CodeError),
     /// A request that contradicts the registry's state.
     #[error("{0}")]
     Refused(String),

@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use projector_engine::db::{self, Settings};
+use projector_engine::fingerprint;
 use projector_engine::kafka::running::{self, Session};
 use projector_engine::kafka::source::KafkaConfig;
 use projector_engine::projection::render;
@@ -148,6 +149,8 @@ pub async fn rebuild(
 
     let (version, source) = target(&client, registry, options).await?;
     let code = registry.code_for(name, version)?;
+    // Resuming a version another binary registered: its code must be this one's.
+    fingerprint::check(&client, &*code).await?;
     // Held until the rebuild returns: a cancel (or any drop of this version) waits for it,
     // so nothing this rebuild commits outlives the drop.
     let mut holding = Some(hold(&pool, &code).await?);
@@ -376,9 +379,9 @@ async fn register(
         .await
         .map_err(db_err("creating the version's tables"))?;
     tx.execute(
-        "INSERT INTO projector.views (name, version, state) VALUES ($1, $2, 'building') \
-         ON CONFLICT (name, version) DO NOTHING",
-        &[&code.name(), &code.version()],
+        "INSERT INTO projector.views (name, version, state, fingerprint) \
+         VALUES ($1, $2, 'building', $3) ON CONFLICT (name, version) DO NOTHING",
+        &[&code.name(), &code.version(), &fingerprint::of(&**code)],
     )
     .await
     .map_err(db_err("registering the version"))?;

@@ -108,6 +108,52 @@ impl Consuming {
     }
 }
 
+/// When a tail that stopped with an error starts again: after 1 s, doubling up to a minute
+/// for failures in a row; a tail that consumes for a minute starts the count afresh.
+struct Restart {
+    not_before: Option<Instant>,
+    delay: Duration,
+    consuming_since: Option<Instant>,
+}
+
+impl Restart {
+    const FIRST: Duration = Duration::from_secs(1);
+    const MAX: Duration = Duration::from_secs(60);
+
+    fn new() -> Self {
+        Self {
+            not_before: None,
+            delay: Self::FIRST,
+            consuming_since: None,
+        }
+    }
+
+    /// Whether a stopped tail may start now.
+    fn due(&self) -> bool {
+        self.not_before.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// The tail stopped with an error: how long until it starts again.
+    fn failed(&mut self) -> Duration {
+        if self
+            .consuming_since
+            .take()
+            .is_some_and(|since| since.elapsed() >= Self::MAX)
+        {
+            self.delay = Self::FIRST;
+        }
+        let wait = self.delay;
+        self.not_before = Some(Instant::now() + wait);
+        self.delay = (self.delay * 2).min(Self::MAX);
+        wait
+    }
+
+    /// The tail runs.
+    fn consuming(&mut self) {
+        self.consuming_since.get_or_insert_with(Instant::now);
+    }
+}
+
 /// The version a tail builds, and the session that holds its running lock ([`running`]).
 pub(crate) struct Held<'a> {
     pub code: &'a Arc<dyn Projection>,
@@ -180,6 +226,9 @@ pub(crate) async fn run(
     let log = Arc::new(std::sync::Mutex::new(log));
 
     let mut consuming: Option<Consuming> = None;
+    // A tail that stopped with an error (it could not start: a table locked past the
+    // statement timeout, PostgreSQL away) starts again after a backoff, never gives up.
+    let mut restart = Restart::new();
     let mut last: Option<(Instant, i64)> = None;
     // The log as it stood when the tail started: all of it is consumed before an automatic
     // cutover, so a small topic is never cut over with its whole backlog under the lag
@@ -260,7 +309,7 @@ pub(crate) async fn run(
                         "paused; resume with `projector rebuild {name} --resume`"
                     ));
                 }
-                (false, false) => {
+                (false, false) if restart.due() => {
                     let token = shutdown.child_token();
                     let task = tokio::spawn(run_view(
                         applier.clone(),
@@ -279,13 +328,21 @@ pub(crate) async fn run(
                 return Ok(Some(Outcome::Stopped { version }));
             }
             if consuming.as_ref().is_some_and(|c| c.task.is_finished()) {
-                // Its error, if it ended with one, says more than that it ended.
-                if let Some(c) = consuming.take() {
-                    c.stop().await?;
-                }
-                return Err(RebuildError::Tail(format!(
-                    "{consumer} stopped consuming; see the log"
-                )));
+                let error = match consuming.take() {
+                    Some(c) => match c.stop().await {
+                        Err(e) => e.to_string(),
+                        Ok(()) => "it stopped without an error".to_owned(),
+                    },
+                    None => String::new(),
+                };
+                let wait = restart.failed();
+                tracing::error!(%consumer, %error, retry_in = ?wait, "the tail stopped consuming; starting it again after the backoff");
+                progress.message(&format!(
+                    "{consumer} stopped consuming ({error}); starting it again in {}s",
+                    wait.as_secs().max(1)
+                ));
+            } else if consuming.is_some() {
+                restart.consuming();
             }
 
             progress.status(&status);

@@ -21,6 +21,7 @@ mod kafka_partitioner;
 mod kafka_process;
 mod kafka_publish;
 mod kafka_source;
+mod kafka_supervisor;
 mod ops_logs;
 mod ops_metrics;
 mod ops_prune;

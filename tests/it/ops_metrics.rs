@@ -4,11 +4,10 @@
 //! healthy again when it catches up. Also: the Grafana dashboard uses only series that exist.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use crate::support::kafka::{publish, publish_raw};
-use crate::support::process::Projector;
+use crate::support::process::{http_get as get, Projector};
 use crate::support::{fills, offsets};
 use projector_devkit::devbroker::DevBroker;
 use projector_engine::testkit::{fill, EventSpec, TestDb};
@@ -17,28 +16,6 @@ const LIMIT: Duration = Duration::from_secs(120);
 
 /// One sample: name, labels, value (integers only: counters and these gauges are whole).
 type Sample = (String, BTreeMap<String, String>, i64);
-
-/// GETs `path`; returns the status code and the body.
-fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the endpoint");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("request");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("response");
-    let (head, body) = response.split_once("\r\n\r\n").expect("headers");
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status code");
-    (code, body.to_owned())
-}
 
 /// Parses the Prometheus text format (label values here hold no commas or quotes).
 fn parse(text: &str) -> Vec<Sample> {

@@ -50,7 +50,10 @@ pub async fn publish_log(bootstrap: &str, log: &Partition, timestamp_ms: i64) {
 fn options(stall_after: Duration) -> StatusOptions {
     StatusOptions {
         names: Vec::new(),
-        rule: HealthRule { stall_after },
+        rule: HealthRule {
+            stall_after,
+            ..HealthRule::default()
+        },
         parked_limit: 5,
         sample: None,
     }

@@ -553,7 +553,7 @@ async fn a_live_rebuild(source: Source) {
         LiveOptions {
             names: vec!["portfolio".to_owned()],
             refresh: Duration::from_millis(100),
-            owner: None,
+            ..LiveOptions::default()
         },
     ));
     eventually(
@@ -673,9 +673,7 @@ async fn a_live_rebuild(source: Source) {
     stop_monitor.cancel();
     monitor.await.expect("the monitor");
     stop_live.cancel();
-    live.await
-        .expect("the supervisor's task")
-        .expect("the supervisor stops cleanly");
+    live.await.expect("the supervisor's task");
 
     // v2, and the stable name, equal the fold of everything published.
     let expected = topic_reference(&bootstrap).await;
@@ -905,7 +903,7 @@ async fn an_empty_topic_cuts_over_and_the_new_version_then_reads_from_the_start(
     )
     .await;
     stop.cancel();
-    live.await.expect("join").expect("the supervisor");
+    live.await.expect("join");
     assert_eq!(version_rows(&db, 2).await, reference(&events).await);
     assert_eq!(consumed(&db, "portfolio_v1").await, 0, "v1 is retired");
 }
@@ -1404,8 +1402,7 @@ async fn dropping_the_old_version_right_after_a_cutover_waits_for_the_live_servi
     tokio::time::timeout(LIMIT, live)
         .await
         .expect("the live service to stop")
-        .expect("join")
-        .expect("the live service stops cleanly");
+        .expect("join");
     let mut left = owned(&db, "portfolio_v1").await;
     left.remove("rebuilds");
     assert_eq!(left, nothing, "nothing written for v1 after it was dropped");
@@ -1563,7 +1560,7 @@ async fn the_live_service_holding_its_running_locks_still_serves_from_a_pool_of_
         LiveOptions {
             names: vec!["portfolio".to_owned()],
             refresh: Duration::from_millis(100),
-            owner: None,
+            ..LiveOptions::default()
         },
     ));
     eventually(
@@ -1573,7 +1570,7 @@ async fn the_live_service_holding_its_running_locks_still_serves_from_a_pool_of_
     )
     .await;
     stop.cancel();
-    live.await.expect("join").expect("the live service");
+    live.await.expect("join");
     assert_eq!(version_rows(&db, 1).await, reference(&events).await);
 }
 

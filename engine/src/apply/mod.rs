@@ -65,7 +65,7 @@ enum Fence {
 }
 
 /// `<host>:<pid>`: who commits, for operators reading `projector.offsets`.
-fn default_owner() -> String {
+pub(crate) fn default_owner() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_owned())

@@ -795,6 +795,42 @@ pub async fn run_view(
     observer: Arc<dyn Observer>,
     shutdown: CancellationToken,
 ) -> Result<(), SourceError> {
+    start_view(applier, pool, config, observer, shutdown)
+        .await?
+        .finish()
+        .await
+}
+
+/// A view version whose statements are prepared and whose Kafka client has subscribed and
+/// polls: it consumes until its `shutdown` is cancelled, or a worker cancels it with a fatal
+/// error. [`RunningView::finish`] must be awaited: dropped, the poll thread would run on
+/// until `shutdown` is cancelled, with nobody to report its error.
+pub struct RunningView {
+    consumer: String,
+    shared: Arc<Shared>,
+    poll: std::thread::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for RunningView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningView")
+            .field("consumer", &self.consumer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Starts consuming the topic into one view version: a connection, the view's statements
+/// prepared (a broken view, or a table another session holds locked past the statement
+/// timeout, fails here, before anything is consumed), the Kafka client subscribed and its
+/// poll thread started. Consumption goes on until `shutdown` is cancelled; await
+/// [`RunningView::finish`] for its end.
+pub async fn start_view(
+    applier: Arc<Applier>,
+    pool: Pool,
+    config: KafkaConfig,
+    observer: Arc<dyn Observer>,
+    shutdown: CancellationToken,
+) -> Result<RunningView, SourceError> {
     let consumer_name = applier.consumer().to_owned();
     let kafka_error = |source| SourceError::Kafka {
         consumer: consumer_name.clone(),
@@ -843,19 +879,37 @@ pub async fn run_view(
             consumer: consumer_name.clone(),
             message: format!("cannot start the poll thread: {e}"),
         })?;
-    shutdown.cancelled().await;
-    tokio::task::spawn_blocking(move || poll.join())
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .ok_or_else(|| SourceError::Thread {
-            consumer: consumer_name.clone(),
-            message: "the poll thread panicked".to_owned(),
-        })?;
-    let fatal = shared.fatal.lock().ok().and_then(|mut f| f.take());
-    match fatal {
-        Some(e) => Err(e),
-        None => Ok(()),
+    Ok(RunningView {
+        consumer: consumer_name,
+        shared,
+        poll,
+    })
+}
+
+impl RunningView {
+    /// Waits until the view stops: its `shutdown` cancelled from outside (`Ok`), or by a
+    /// worker's fatal error (that error). In-flight batches are committed or rolled back
+    /// and the client has left the group when this returns.
+    pub async fn finish(self) -> Result<(), SourceError> {
+        let RunningView {
+            consumer,
+            shared,
+            poll,
+        } = self;
+        shared.shutdown.cancelled().await;
+        tokio::task::spawn_blocking(move || poll.join())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or_else(|| SourceError::Thread {
+                consumer: consumer.clone(),
+                message: "the poll thread panicked".to_owned(),
+            })?;
+        let fatal = shared.fatal.lock().ok().and_then(|mut f| f.take());
+        match fatal {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 

@@ -16,6 +16,12 @@
 //! - a stuck consumer (a wedged worker, a batch that fails again and again, a process that
 //!   died) stops committing while its oldest waiting message ages: it pages.
 //!
+//! **A live version is unhealthy, too, when a running process should be consuming it and is
+//! not** ([`crate::processes`]): its task failed and waits to start again, it is still
+//! starting after `start_grace`, or every process that serves it skips it (its code is not
+//! the code that registered the version) and none consumes it. A process that skips a version
+//! another one consumes is a warning: a rolling upgrade looks like that for a while.
+//!
 //! A `building` version (a rebuild) never pages: its stall is a warning (`rebuild_stalled`),
 //! and a paused rebuild is not even that. Open dead letters, parked accounts and a view
 //! behind the log's retention are warnings: they need an engineer, but not at night.
@@ -31,12 +37,16 @@ pub struct HealthRule {
     /// The time without a commit (and the age of the oldest waiting message) that makes a
     /// partition stalled.
     pub stall_after: Duration,
+    /// How long a process may take to start consuming a version (connect, prepare, join the
+    /// group) before it counts as not consuming.
+    pub start_grace: Duration,
 }
 
 impl Default for HealthRule {
     fn default() -> Self {
         Self {
             stall_after: Duration::from_secs(120),
+            start_grace: Duration::from_secs(10),
         }
     }
 }
@@ -83,6 +93,12 @@ pub enum ProblemKind {
     CheckFailed,
     /// A live version's partition makes no progress while input waits.
     Stalled,
+    /// A running process should consume a live version and does not: its start failed and is
+    /// retried, or it is still starting.
+    NotConsuming,
+    /// A process leaves a version alone: its code for it is not the code that registered it,
+    /// or it has none. A page when no process consumes the version.
+    Skipped,
     /// A building version's partition makes no progress while input waits (not paused).
     RebuildStalled,
     /// A version's stored offset lies below the log's start: retention deleted events it
@@ -150,6 +166,7 @@ mod tests {
     fn a_stall_needs_waiting_input_an_old_message_and_no_commit() {
         let rule = HealthRule {
             stall_after: Duration::from_secs(120),
+            ..HealthRule::default()
         };
         let now = at(1000);
         // Stuck: 50 messages wait, the oldest for 10 minutes, no commit for 10 minutes.

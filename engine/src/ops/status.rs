@@ -70,6 +70,55 @@ pub struct Status {
     pub inbox: Option<InboxStatus>,
     /// Every view version, by name and version.
     pub views: Vec<VersionStatus>,
+    /// Every `projector run` process with a recent heartbeat, or one that stopped beating
+    /// less than a day ago (`fresh: false`), and what each does with the versions it serves.
+    pub processes: Vec<ProcessStatus>,
+}
+
+/// A `projector run` process.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessStatus {
+    /// `--instance-id`, else `<host>:<pid>`.
+    pub instance: String,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its last heartbeat.
+    pub seen_at: DateTime<Utc>,
+    /// Its heartbeat is recent; a process that is not fresh is gone (killed, or cut off from
+    /// PostgreSQL), and what it last reported counts for nothing.
+    pub fresh: bool,
+    /// What it does with each version it serves.
+    pub views: Vec<ProcessView>,
+}
+
+/// A version as one process serves it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessView {
+    /// The version.
+    pub consumer: String,
+    /// `starting`, `consuming`, `failing` or `skipped`.
+    pub state: String,
+    /// Since when.
+    pub since: DateTime<Utc>,
+    /// Failed starts in a row.
+    pub attempts: i32,
+    /// The last error while failing; why it is skipped.
+    pub detail: Option<String>,
+}
+
+/// A process serving a version, as the version's status lists it (fresh processes only).
+#[derive(Debug, Clone, Serialize)]
+pub struct Runner {
+    /// The process.
+    pub instance: String,
+    /// `starting`, `consuming`, `failing` or `skipped`.
+    pub state: String,
+    /// Since when.
+    pub since: DateTime<Utc>,
+    /// Failed starts in a row.
+    pub attempts: i32,
+    /// The last error while failing; why it is skipped.
+    pub detail: Option<String>,
 }
 
 /// Whether a system answered.
@@ -143,6 +192,8 @@ pub struct VersionStatus {
     pub waiting_events: i64,
     /// Per partition; empty for a retired version.
     pub partitions: Vec<PartitionStatus>,
+    /// The running processes that serve it, and what each does with it.
+    pub runners: Vec<Runner>,
 }
 
 /// A rebuild in progress.
@@ -300,6 +351,7 @@ struct DbState {
     parked: HashMap<String, Parked>,
     waiting: HashMap<String, i64>,
     inbox: Option<InboxStatus>,
+    processes: Vec<crate::processes::Process>,
 }
 
 /// Takes a snapshot: PostgreSQL first (one read-only repeatable-read transaction, so every
@@ -401,6 +453,7 @@ pub async fn collect(
             parked: db.parked.get(consumer).cloned().unwrap_or_default(),
             waiting_events: db.waiting.get(consumer).copied().unwrap_or(0),
             partitions: Vec::new(),
+            runners: runners_of(&db.processes, consumer),
         };
         for kind in DEAD_LETTER_KINDS {
             v.dead_letters
@@ -446,7 +499,48 @@ pub async fn collect(
         kafka,
         inbox: db.inbox,
         views,
+        processes: db
+            .processes
+            .iter()
+            .map(|p| ProcessStatus {
+                instance: p.instance.clone(),
+                started_at: p.started_at,
+                seen_at: p.seen_at,
+                fresh: p.fresh,
+                views: p
+                    .views
+                    .iter()
+                    .map(|v| ProcessView {
+                        consumer: v.consumer.clone(),
+                        state: v.state.as_str().to_owned(),
+                        since: v.since,
+                        attempts: v.attempts,
+                        detail: v.detail.clone(),
+                    })
+                    .collect(),
+            })
+            .collect(),
     })
+}
+
+/// The fresh processes serving `consumer`.
+fn runners_of(processes: &[crate::processes::Process], consumer: &str) -> Vec<Runner> {
+    processes
+        .iter()
+        .filter(|p| p.fresh)
+        .flat_map(|p| {
+            p.views
+                .iter()
+                .filter(|v| v.consumer == consumer)
+                .map(|v| Runner {
+                    instance: p.instance.clone(),
+                    state: v.state.as_str().to_owned(),
+                    since: v.since,
+                    attempts: v.attempts,
+                    detail: v.detail.clone(),
+                })
+        })
+        .collect()
 }
 
 /// The status when PostgreSQL cannot be reached: unhealthy, and nothing else known.
@@ -473,6 +567,7 @@ fn unreachable(topic: &str, options: &StatusOptions, error: String) -> Status {
         },
         inbox: None,
         views: Vec::new(),
+        processes: Vec::new(),
     }
 }
 
@@ -613,6 +708,9 @@ fn judge(v: &mut VersionStatus, rule: &HealthRule, now: DateTime<Utc>, out: &mut
             });
         }
     }
+    if v.state == "live" && !v.dropped {
+        runner_problems(v, rule, now, &mut problems);
+    }
     if v.state != "retired" && v.dead_letters.open > 0 {
         problems.push(Problem {
             severity: Severity::Warn,
@@ -643,6 +741,71 @@ fn judge(v: &mut VersionStatus, rule: &HealthRule, now: DateTime<Utc>, out: &mut
     }
     v.healthy = healthy(&problems);
     out.extend(problems);
+}
+
+/// What the running processes say of a live version: one that should consume it and does
+/// not (failing, or starting past the grace) pages; one that skips it pages only when no
+/// process consumes it (a rolling upgrade leaves old processes skipping a version the new ones
+/// consume: a warning).
+fn runner_problems(
+    v: &VersionStatus,
+    rule: &HealthRule,
+    now: DateTime<Utc>,
+    out: &mut Vec<Problem>,
+) {
+    let consumed = v.runners.iter().any(|r| r.state == "consuming");
+    let grace = chrono::Duration::from_std(rule.start_grace).unwrap_or(chrono::Duration::MAX);
+    for r in &v.runners {
+        let age = super::health::human_seconds((now - r.since).num_seconds());
+        let problem = |severity, kind, message| Problem {
+            severity,
+            kind,
+            consumer: Some(v.consumer.clone()),
+            partition: None,
+            message,
+        };
+        match r.state.as_str() {
+            "failing" => out.push(problem(
+                Severity::Page,
+                ProblemKind::NotConsuming,
+                format!(
+                    "{} is not consumed by {}: failing for {age} ({} attempt(s)), retried with backoff: {}",
+                    v.consumer,
+                    r.instance,
+                    r.attempts,
+                    r.detail.as_deref().unwrap_or("no error recorded")
+                ),
+            )),
+            "starting" if now - r.since >= grace => out.push(problem(
+                Severity::Page,
+                ProblemKind::NotConsuming,
+                format!(
+                    "{} is not consumed by {}: still starting after {age}",
+                    v.consumer, r.instance
+                ),
+            )),
+            "skipped" => out.push(problem(
+                if consumed {
+                    Severity::Warn
+                } else {
+                    Severity::Page
+                },
+                ProblemKind::Skipped,
+                format!(
+                    "{} skips {}{}: {}",
+                    r.instance,
+                    v.consumer,
+                    if consumed {
+                        ""
+                    } else {
+                        ", and no process consumes it"
+                    },
+                    r.detail.as_deref().unwrap_or("no reason recorded")
+                ),
+            )),
+            _ => {}
+        }
+    }
 }
 
 /// `gap 2, dead_letter 1`: the non-zero entries of a count map.
@@ -821,6 +984,9 @@ async fn read_db(pool: &Pool, topic: &str, options: &StatusOptions) -> Result<Db
         oldest_applied_at: oldest,
         oldest_age_seconds: oldest.map(|o| (now - o).num_seconds().max(0)),
     });
+    db.processes = crate::processes::read(&tx)
+        .await
+        .map_err(pg("reading the running processes"))?;
     tx.commit().await.map_err(pg("ending the snapshot"))?;
     Ok(db)
 }

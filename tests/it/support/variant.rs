@@ -13,6 +13,7 @@ pub struct Variant {
     pub dedup: Option<DedupMode>,
     pub many_per_account: Option<bool>,
     pub apply_sql: Option<ApplySql>,
+    pub replaces: Vec<String>,
 }
 
 impl Variant {
@@ -23,6 +24,7 @@ impl Variant {
             dedup: None,
             many_per_account: None,
             apply_sql: None,
+            replaces: Vec::new(),
         }
     }
 
@@ -33,6 +35,12 @@ impl Variant {
 
     pub fn many_per_account(mut self, many: bool) -> Self {
         self.many_per_account = Some(many);
+        self
+    }
+
+    /// Declares that this code keeps the results of the code with these fingerprints.
+    pub fn replacing_code(mut self, fingerprints: &[String]) -> Self {
+        self.replaces = fingerprints.to_vec();
         self
     }
 
@@ -97,5 +105,8 @@ impl Projection for Variant {
     }
     fn validate(&self, event: &projector_engine::Event) -> Result<(), String> {
         self.inner.validate(event)
+    }
+    fn replaces(&self) -> Vec<String> {
+        self.replaces.clone()
     }
 }
