@@ -45,6 +45,11 @@ async fn a_million_rows_go_in_batches_and_nothing_newer_than_the_window() {
         .await
         .expect("now")
         .get(0);
+    // On a busy machine the load can outlast the engine's statement timeout.
+    client
+        .batch_execute("SET statement_timeout = 0")
+        .await
+        .expect("no timeout for the load");
     let sink = client
         .copy_in("COPY projector.inbox (consumer, event_id, applied_at) FROM STDIN")
         .await
@@ -68,6 +73,10 @@ async fn a_million_rows_go_in_batches_and_nothing_newer_than_the_window() {
     sink.send(Bytes::from(chunk)).await.expect("copy chunk");
     let loaded = sink.finish().await.expect("copy done");
     assert_eq!(loaded, (OLD + RECENT) as u64);
+    client
+        .batch_execute("RESET statement_timeout")
+        .await
+        .expect("the engine's timeout again");
     client
         .execute(
             "INSERT INTO projector.offsets (consumer, topic, partition, next_offset) \
