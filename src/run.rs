@@ -36,12 +36,18 @@ pub async fn run(
         MetricsAddr::Off => None,
     };
     let pool = projector_engine::db::pool(&config.database_url, config.pool_size)?;
-    if !no_migrate {
+    {
         let mut client = pool
             .get()
             .await
             .context("cannot connect to PostgreSQL (check --database-url / DATABASE_URL)")?;
-        projector_engine::migrate(&mut client, registry).await?;
+        if no_migrate {
+            // Migrating checks it first; without it, a database that cannot hold an event's
+            // text must still be refused before a view consumes and retries it for ever.
+            projector_engine::schema::check_encoding(&client).await?;
+        } else {
+            projector_engine::migrate(&mut client, registry).await?;
+        }
     }
     // The selected names must exist; which of their versions run is the registry's to say.
     let names: Vec<String> = views

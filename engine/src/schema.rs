@@ -33,6 +33,19 @@ pub enum SchemaError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// The database's encoding cannot hold every character an event may carry.
+    #[error(
+        "database {database} is encoded in {encoding}, which cannot hold every character an event \
+         may carry (PostgreSQL would refuse one with 22P05 in every batch that carries it): \
+         create a database with ENCODING 'UTF8' (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE \
+         template0) and point --database-url at it"
+    )]
+    Encoding {
+        /// The database.
+        database: String,
+        /// Its encoding, as PostgreSQL names it.
+        encoding: String,
+    },
     /// Any other database failure.
     #[error("while {doing}: {source}")]
     Database {
@@ -58,11 +71,42 @@ pub struct MigrateReport {
     pub skipped: Vec<(String, String)>,
 }
 
-/// Applies the engine schema and installs every registered view.
+/// Refuses a database whose encoding is not UTF8.
+///
+/// Events are UTF-8, and their ids, text fields and `data`, the dead letters' errors and the
+/// progress rows' event ids go into the database as text. Any other server encoding lacks
+/// characters a producer may send (SQL_ASCII does not even check them): PostgreSQL refuses
+/// such a character (22P05) in whatever statement carries it, the batch's whole
+/// transaction fails, and it fails again on every retry, because decoding cannot know what
+/// a given database could hold. Refused once, up front, instead: `migrate` refuses before it
+/// creates anything, and `run --no-migrate` before it consumes.
+pub async fn check_encoding(client: &Client) -> Result<(), SchemaError> {
+    let row = client
+        .query_one(
+            "SELECT current_database()::text, pg_encoding_to_char(encoding)::text \
+             FROM pg_database WHERE datname = current_database()",
+            &[],
+        )
+        .await
+        .map_err(|source| SchemaError::Database {
+            doing: "reading the database's encoding",
+            source,
+        })?;
+    let (database, encoding): (String, String) = (row.get(0), row.get(1));
+    if encoding == "UTF8" {
+        Ok(())
+    } else {
+        Err(SchemaError::Encoding { database, encoding })
+    }
+}
+
+/// Applies the engine schema and installs every registered view, in a database encoded in
+/// UTF8 ([`check_encoding`]).
 pub async fn migrate(
     client: &mut Client,
     registry: &Registry,
 ) -> Result<MigrateReport, SchemaError> {
+    check_encoding(client).await?;
     let db = |doing| move |source| SchemaError::Database { doing, source };
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATE_LOCK])

@@ -1,5 +1,6 @@
 //! `migrate` is repeatable, registers views, and the engine refuses configurations it cannot
-//! keep exactly-once with a one-line reason.
+//! keep exactly-once with a one-line reason: views it cannot apply safely, and a database
+//! whose encoding cannot hold what events carry.
 
 use std::sync::Arc;
 
@@ -151,4 +152,150 @@ fn many_events_per_account_with_the_version_filter_is_refused() {
     );
     // With the inbox alone it runs.
     Applier::new(Arc::new(many()), SourceOrdering::PerAccount).expect("accepted");
+}
+
+/// A database of its own in LATIN1, dropped when the test passes, kept when it fails.
+struct Latin1 {
+    name: String,
+    url: String,
+}
+
+impl Latin1 {
+    async fn create() -> Self {
+        let admin = projector_engine::testkit::admin_url();
+        let name = format!(
+            "projector_test_latin1_{}_{}",
+            std::process::id(),
+            chrono::Utc::now().timestamp_micros() % 1_000_000
+        );
+        let pool = projector_engine::db::pool(&admin, 1).expect("admin url");
+        pool.get()
+            .await
+            .expect("the test server")
+            .batch_execute(&format!(
+                "CREATE DATABASE {name} ENCODING 'LATIN1' TEMPLATE template0 \
+                 LC_COLLATE 'C' LC_CTYPE 'C'"
+            ))
+            .await
+            .expect("a LATIN1 database");
+        let url = projector_engine::db::url_for_database(&admin, &name).expect("its url");
+        Self { name, url }
+    }
+}
+
+impl Drop for Latin1 {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test failed: database {} kept for debugging", self.name);
+            return;
+        }
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async {
+                let pool =
+                    projector_engine::db::pool(&projector_engine::testkit::admin_url(), 1).ok()?;
+                pool.get()
+                    .await
+                    .ok()?
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await
+                    .ok()
+            })
+        })
+        .join();
+    }
+}
+
+/// The one line a refused command ends with.
+fn only_error_line(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line expected:\n{stderr}");
+    lines[0].to_owned()
+}
+
+/// A character outside LATIN1 fails every statement that carries it (SQLSTATE 22P05), batch
+/// after batch: the engine refuses such a database before it writes or consumes anything,
+/// at `migrate` and at `run` (with `--no-migrate` too), saying what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_not_in_utf8_is_refused_at_migrate_and_run_in_one_line() {
+    let db = Latin1::create().await;
+    let pool = projector_engine::db::pool(&db.url, 1).expect("pool");
+    let mut client = pool.get().await.expect("connect");
+    // What the refusal spares: an event id with a character LATIN1 lacks cannot be stored.
+    let e = client
+        .query_one("SELECT $1::text", &[&"fill-ş"])
+        .await
+        .expect_err("LATIN1 cannot hold ş");
+    assert_eq!(
+        e.code(),
+        Some(&tokio_postgres::error::SqlState::UNTRANSLATABLE_CHARACTER)
+    );
+
+    let registry = projector_views::registry().expect("registry");
+    let e = migrate(&mut client, &registry)
+        .await
+        .expect_err("migrate refuses LATIN1");
+    let text = e.to_string();
+    assert!(
+        text.contains("encoded in LATIN1")
+            && text.contains("ENCODING 'UTF8'")
+            && !text.contains('\n'),
+        "{text}"
+    );
+    let schema = client
+        .query_opt(
+            "SELECT 1 FROM pg_namespace WHERE nspname = 'projector'",
+            &[],
+        )
+        .await
+        .expect("namespaces");
+    assert!(schema.is_none(), "nothing was created");
+
+    let cli = tokio::task::spawn_blocking({
+        let url = db.url.clone();
+        move || crate::support::process::run_to_end(&["migrate", "--database-url", &url])
+    })
+    .await
+    .expect("migrate's thread");
+    assert!(!cli.0.success());
+    let line = only_error_line(&cli.1);
+    assert!(
+        line.contains("encoded in LATIN1") && line.contains("ENCODING 'UTF8'"),
+        "{line}"
+    );
+
+    // `run`, with and without its migration: refused before it consumes, and it exits.
+    let broker = projector_devkit::devbroker::DevBroker::start(1, &[("fills", 1)]).expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    for extra in [None, Some("--no-migrate")] {
+        let mut args = vec![
+            "run",
+            "--brokers",
+            &bootstrap,
+            "--topic",
+            "fills",
+            "--metrics-addr",
+            "off",
+            "--database-url",
+            &db.url,
+        ];
+        args.extend(extra);
+        let mut run = crate::support::process::Projector::spawn(&args, "off");
+        let status = tokio::task::spawn_blocking(move || {
+            let status = run.wait_exit(std::time::Duration::from_secs(60));
+            (status, run.log_all())
+        })
+        .await
+        .expect("run's thread");
+        assert!(!status.0.success(), "{args:?}");
+        let line = only_error_line(&status.1);
+        assert!(
+            line.contains("encoded in LATIN1") && line.contains("ENCODING 'UTF8'"),
+            "{args:?}: {line}"
+        );
+    }
 }

@@ -31,6 +31,9 @@ pub enum OpsError {
     /// A blocking Kafka call could not be run.
     #[error("a blocking Kafka call failed: {0}")]
     Blocking(String),
+    /// The brokers answered without what was asked.
+    #[error("{0}")]
+    Unanswered(String),
     /// A request the command refuses, with the reason in one line.
     #[error("{0}")]
     Refused(String),

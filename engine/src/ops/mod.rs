@@ -7,9 +7,12 @@
 //!   but progressing view (or a rebuild) does not.
 //! - [`topic`]: the groupless Kafka client behind lag: watermarks and message times.
 //! - [`monitor`]: the running process's periodic snapshot, gauges and `/health` answer.
+//! - [`clock`]: each consumer's clock, up to when it has read the log: what inbox retention
+//!   measures its window from, and why a paused or stopped version keeps its rows.
 //! - [`prune`]: inbox retention in small batches through the time index.
 //! - [`reconcile`]: the write side's counts and sums against a view's, per time window.
 
+pub mod clock;
 mod error;
 pub mod health;
 pub mod monitor;
