@@ -17,7 +17,8 @@
 //! - **Zombies.** A worker that lost its partition without noticing (a stall past the
 //!   session timeout) finds its batch fenced by the offset row: it cannot commit.
 //! - **Fencing never skips.** A fenced worker resumes exactly at the stored offset: from the
-//!   messages it already holds when the offset lies among them, by dropping what another
+//!   messages it already holds when the offset lies among them (the later halves of a
+//!   batch it split after an attempt timed out included), by dropping what another
 //!   writer committed when it lies beyond, or by seeking the client back when it lies
 //!   before them (messages fetched before the seek are told apart by an epoch).
 //! - **Bounded waits.** A batch attempt that outlives [`KafkaConfig::attempt_timeout`] (a hung
@@ -485,6 +486,64 @@ fn resume(batch: &Batch, stored: i64) -> Resume {
     }
 }
 
+/// What a worker holds of the messages it read: the part it applies now and, after attempts
+/// that timed out, the later parts of the batch it was cut from, the next one on top. The
+/// parts are contiguous: each starts where the one before ends.
+///
+/// A fencing is judged against all of it, as one run: the stored offset may lie in any part,
+/// and judged against the current part alone, an offset past it would read as "another
+/// writer committed past the batch" and the later parts would be dropped, their offsets
+/// skipped for good by the next batch, which starts at the stored offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    current: Batch,
+    later: Vec<Batch>,
+}
+
+impl Held {
+    fn new(batch: Batch) -> Self {
+        Self {
+            current: batch,
+            later: Vec::new(),
+        }
+    }
+
+    /// The part to apply now.
+    fn current(&self) -> &Batch {
+        &self.current
+    }
+
+    /// After an attempt timed out: the same work would time out the same way, so the first
+    /// half goes now and the second after it.
+    fn halve(&mut self) {
+        let (first, rest) = halve(&self.current);
+        self.later.push(rest);
+        self.current = first;
+    }
+
+    /// After the current part committed: moves on to the next; false when none is left.
+    fn advance(&mut self) -> bool {
+        match self.later.pop() {
+            Some(next) => {
+                self.current = next;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Where to resume after the current part was fenced at `stored`: everything held, from
+    /// the current part's start to the last part's end, is one batch to [`resume`].
+    fn fenced(self, stored: i64) -> Resume {
+        let Held { current, later } = self;
+        let mut run = current;
+        for part in later.into_iter().rev() {
+            run.messages.extend(part.messages);
+        }
+        resume(&run, stored)
+    }
+}
+
 impl Worker {
     /// The next message of the current epoch; `None` when the worker must end.
     async fn next(
@@ -548,33 +607,29 @@ impl Worker {
             if messages.is_empty() {
                 continue;
             }
-            let mut batch = Batch {
+            let mut held = Held::new(Batch {
                 topic: config.topic.clone(),
                 partition: self.partition,
                 start_offset: start,
                 messages,
-            };
-            // Later parts of a batch that was halved after an attempt timed out, the next
-            // one on top.
-            let mut later: Vec<Batch> = Vec::new();
+            });
             loop {
-                match self.apply(&batch, &mut stop).await {
-                    Applied::Committed => match later.pop() {
-                        Some(next) => batch = next,
-                        None => break,
-                    },
-                    Applied::Shrink => {
-                        let (first, rest) = halve(&batch);
-                        later.push(rest);
-                        batch = first;
+                match self.apply(held.current(), &mut stop).await {
+                    Applied::Committed => {
+                        if !held.advance() {
+                            break;
+                        }
                     }
+                    Applied::Shrink => held.halve(),
                     Applied::Stop => return,
-                    Applied::Fenced(stored) => match resume(&batch, stored) {
-                        Resume::Tail(tail) => batch = tail,
+                    Applied::Fenced(stored) => match held.fenced(stored) {
+                        Resume::Tail(tail) => held = Held::new(tail),
+                        // Another writer committed past everything held.
                         Resume::Skip => {
                             self.position = Some(stored);
                             break;
                         }
+                        // What is held is dropped: the client reads it again, from `stored`.
                         Resume::SeekBack => {
                             tracing::warn!(consumer = %self.shared.applier.consumer(), partition = self.partition, stored, "the stored offset is behind what this worker read; fetching again from it");
                             self.position = Some(stored);
@@ -1036,6 +1091,76 @@ mod tests {
         };
         assert_eq!(tail.start_offset, 104);
         assert_eq!(tail.messages[0].offset, 105);
+    }
+
+    fn offsets_of(batch: &Batch) -> Vec<i64> {
+        batch.messages.iter().map(|m| m.offset).collect()
+    }
+
+    /// [100, 120) halved twice: [100, 105) now, then [105, 110) and [110, 120).
+    fn halved_twice() -> Held {
+        let mut held = Held::new(batch(100, &(100..120).collect::<Vec<_>>()));
+        held.halve();
+        held.halve();
+        held
+    }
+
+    #[test]
+    fn halves_are_applied_in_offset_order() {
+        let mut held = halved_twice();
+        let mut parts = vec![(held.current().start_offset, offsets_of(held.current()))];
+        while held.advance() {
+            parts.push((held.current().start_offset, offsets_of(held.current())));
+        }
+        assert_eq!(
+            parts,
+            [
+                (100, (100..105).collect::<Vec<_>>()),
+                (105, (105..110).collect()),
+                (110, (110..120).collect()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_fencing_past_the_current_half_resumes_with_every_later_one() {
+        // Fenced at 107 while applying [100, 105): 107..119 are still held, in two parts.
+        let Resume::Tail(tail) = halved_twice().fenced(107) else {
+            panic!("the rest from 107 must be applied");
+        };
+        assert_eq!(tail.start_offset, 107);
+        assert_eq!(offsets_of(&tail), (107..120).collect::<Vec<_>>());
+
+        // Fenced inside the last part.
+        let Resume::Tail(tail) = halved_twice().fenced(115) else {
+            panic!("the rest from 115 must be applied");
+        };
+        assert_eq!(
+            (tail.start_offset, offsets_of(&tail)),
+            (115, (115..120).collect())
+        );
+    }
+
+    #[test]
+    fn a_fencing_of_a_later_half_resumes_in_it_or_seeks_back() {
+        let mut held = halved_twice();
+        assert!(held.advance(), "[105, 110) is next");
+        let Resume::Tail(tail) = held.clone().fenced(108) else {
+            panic!("tail expected");
+        };
+        assert_eq!(
+            (tail.start_offset, offsets_of(&tail)),
+            (108, (108..120).collect())
+        );
+        // 100..104 committed and gone from memory: a stored offset among them is read again.
+        assert_eq!(held.fenced(102), Resume::SeekBack);
+    }
+
+    #[test]
+    fn a_fencing_past_everything_held_skips_it() {
+        assert_eq!(halved_twice().fenced(120), Resume::Skip);
+        assert_eq!(halved_twice().fenced(500), Resume::Skip);
+        assert_eq!(halved_twice().fenced(99), Resume::SeekBack);
     }
 
     #[test]
