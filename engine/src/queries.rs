@@ -93,15 +93,26 @@ pub const SAVE_PROGRESS: &str = "UPDATE projector.account_progress p \
 
 /// Dead letters, with the raw bytes. A message is dead-lettered once per view version: when
 /// it fails again (a retry, or a waiting event that no longer decodes), its open row takes
-/// the newest error.
+/// the newest error. A row resolved by a retry that only sent its event to wait
+/// ([`RETRIED_WAITING_NOTE`]) is opened again: the event failed when it drained, and
+/// resolved, the row would hide the one event its account now waits on, which `dlq retry`
+/// would refuse to retry.
 pub const INSERT_DEAD_LETTERS: &str = "INSERT INTO projector.dead_letters \
      (consumer, topic, partition, \"offset\", kind, message_key, payload, event_id, account_id, seq, error) \
      SELECT $1, t, p, o, k, mk, pl, e, a, s, err \
      FROM unnest($2::text[], $3::int[], $4::bigint[], $5::text[], $6::bytea[], $7::bytea[], \
                  $8::text[], $9::bigint[], $10::bigint[], $11::text[]) AS x(t, p, o, k, mk, pl, e, a, s, err) \
      ON CONFLICT (consumer, topic, partition, \"offset\") DO UPDATE \
-     SET kind = EXCLUDED.kind, error = EXCLUDED.error \
-     WHERE projector.dead_letters.resolved_at IS NULL";
+     SET kind = EXCLUDED.kind, error = EXCLUDED.error, \
+         resolved_at = NULL, resolution = NULL, resolved_by = NULL, resolution_note = NULL \
+     WHERE projector.dead_letters.resolved_at IS NULL \
+        OR (projector.dead_letters.resolution = 'retried' \
+            AND projector.dead_letters.resolution_note = 'waiting')";
+
+/// The resolution note of a dead letter whose retry sent its event to wait for an earlier
+/// `seq` (`Applier::retry_dead_letter`): resolved, though its event has yet to be applied.
+/// [`INSERT_DEAD_LETTERS`] names it in its text.
+pub const RETRIED_WAITING_NOTE: &str = "waiting";
 
 /// Events that must wait, with their raw bytes.
 pub const INSERT_WAITING: &str = "INSERT INTO projector.waiting_events \
@@ -247,3 +258,15 @@ pub const FRESH_INBOX_CTES: &str = "fresh AS (INSERT INTO projector.inbox (consu
 /// For views that dedup by version filter only: `ev` is the whole batch. `$1` is still
 /// referenced so every statement has the same parameter list.
 pub const NO_INBOX_CTES: &str = "ev AS (SELECT batch.* FROM batch WHERE $1::text IS NOT NULL)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_letter_retried_into_waiting_is_opened_again_by_the_note_it_carries() {
+        assert!(
+            INSERT_DEAD_LETTERS.contains(&format!("resolution_note = '{RETRIED_WAITING_NOTE}'"))
+        );
+    }
+}

@@ -27,6 +27,8 @@ mod ops_metrics;
 mod ops_prune;
 mod ops_reconcile;
 mod ops_repairs;
+mod ops_repairs_during_a_drop;
+mod ops_retry_into_waiting;
 mod ops_status;
 mod rebuild;
 mod rebuild_notices;
