@@ -5,6 +5,7 @@ mod bench_smoke;
 mod cli;
 mod demo;
 mod engine_arbitrary;
+mod engine_conflicts;
 mod engine_conformance;
 mod engine_fencing;
 mod engine_hardening;
