@@ -202,6 +202,20 @@ pub const RESOLVE_SUPERSEDED: &str = "UPDATE projector.dead_letters d \
      WHERE d.consumer = $1 AND d.resolved_at IS NULL AND d.kind IN ('poison', 'apply_failed') \
        AND d.account_id = x.a AND d.seq = x.s AND (d.event_id IS NULL OR d.event_id = x.e)";
 
+/// Parked accounts whose next `seq` already waits, among events read from one partition
+/// (`$2`, `$3`): a drain that stopped short. A batch drains at most a thousand waiting events
+/// of an account and leaves it parked at its next `seq` while more wait, so that the next
+/// step loads them (`BatchOutcome::more_to_drain`); a drain that a shutdown, a crash or an
+/// error cut short leaves exactly this, and so does a park another writer made stale. At
+/// most `$4`, by account. A probe of the waiting events' key per parked account.
+pub const DRAINABLE_ACCOUNTS: &str = "SELECT k.account_id FROM projector.parked_accounts k \
+     JOIN projector.account_progress p ON p.consumer = k.consumer AND p.account_id = k.account_id \
+     WHERE k.consumer = $1 AND EXISTS (SELECT 1 FROM projector.waiting_events w \
+         WHERE w.consumer = $1 AND w.account_id = k.account_id \
+           AND w.seq <= greatest(p.last_seq, coalesce(p.watermark_seq, 0)) + 1 \
+           AND w.topic = $2 AND w.partition = $3) \
+     ORDER BY k.account_id LIMIT $4";
+
 /// Accounts whose wait is over.
 pub const UNPARK_ACCOUNTS: &str =
     "DELETE FROM projector.parked_accounts WHERE consumer = $1 AND account_id = ANY($2::bigint[])";

@@ -16,6 +16,7 @@ mod engine_poison;
 mod engine_pool;
 mod engine_schedules;
 mod examples_custom_views;
+mod kafka_drains;
 mod kafka_faults;
 mod kafka_fencing_after_a_timeout;
 mod kafka_hardening;

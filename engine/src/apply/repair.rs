@@ -414,6 +414,32 @@ impl Applier {
         Ok((counts, more))
     }
 
+    /// Up to `limit` parked accounts whose next `seq` already waits, among events read from
+    /// `topic`/`partition`: drains left unfinished ([`queries::DRAINABLE_ACCOUNTS`]). The
+    /// partition's consumer drains them with [`Applier::drain_account`] without waiting for
+    /// their next event. None for a view that never parks.
+    pub async fn drainable_accounts(
+        &self,
+        client: &Client,
+        topic: &str,
+        partition: i32,
+        limit: i64,
+    ) -> Result<Vec<i64>, ApplyError> {
+        if !self.ordered {
+            return Ok(Vec::new());
+        }
+        Ok(client
+            .query(
+                queries::DRAINABLE_ACCOUNTS,
+                &[&self.consumer, &topic, &partition, &limit],
+            )
+            .await
+            .map_err(self.db("looking for drains left unfinished"))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
     async fn drain_step(
         &self,
         tx: &mut Transaction<'_>,

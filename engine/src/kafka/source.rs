@@ -24,6 +24,9 @@
 //! - **Bounded waits.** A batch attempt that outlives [`KafkaConfig::attempt_timeout`] (a hung
 //!   server or network) gives its connection up and is retried, so a revocation, which
 //!   waits for in-flight batches, and a shutdown always finish.
+//! - **Drains.** Waiting events a batch could not drain (it takes a thousand per account)
+//!   are drained after it, step by step; one cut short stays parked at its next `seq`, and
+//!   the partition's worker looks for such accounts when it starts and after a failed step.
 //! - **Outages.** A batch that fails for database reasons is retried with backoff, with one
 //!   log line when the incident starts and one when it ends; the offset never advances
 //!   without the batch.
@@ -196,6 +199,16 @@ pub trait Observer: Send + Sync + 'static {
     fn assigned(&self, _consumer: &str, _partitions: &[i32]) {}
     /// Partitions were revoked (after their in-flight batches finished).
     fn revoked(&self, _consumer: &str, _partitions: &[i32]) {}
+    /// A step draining the waiting events of `account` ended: committed (`Ok(more)`: true
+    /// when another step follows), or failed (`Err`).
+    fn drain_step(
+        &self,
+        _consumer: &str,
+        _partition: i32,
+        _account: i64,
+        _result: Result<bool, &str>,
+    ) {
+    }
 }
 
 /// An observer that observes nothing.
@@ -402,6 +415,8 @@ impl Context {
             partition,
             position: stored,
             epoch: 0,
+            drain_due: Some(tokio::time::Instant::now()),
+            drain_backoff: Backoff::new(),
         };
         shared.runtime.spawn(async move {
             worker.run(rx, stop_rx).await;
@@ -449,7 +464,43 @@ struct Worker {
     position: Option<i64>,
     /// Messages of older epochs were fetched before the last seek this worker asked for.
     epoch: u64,
+    /// When to look for drains left unfinished on this partition ([`Worker::resume_drains`]):
+    /// when the worker starts (the last owner may have stopped in the middle of one), and
+    /// again after a drain step failed. `None`: none is known to be left.
+    drain_due: Option<tokio::time::Instant>,
+    /// Spaces the looks after failures, one log line per incident.
+    drain_backoff: Backoff,
 }
+
+/// How draining waiting events ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drained {
+    /// Everything that could follow was applied.
+    Done,
+    /// A step failed: what is left stays parked, and the worker looks again later.
+    CutShort,
+    /// The worker must end (revoked, or shutting down); the partition's next worker looks
+    /// when it starts.
+    Stop,
+}
+
+/// What the worker waits for between batches.
+enum Next {
+    Message(Message),
+    /// It is time to look for drains left unfinished.
+    DrainDue,
+    /// The worker must end.
+    End,
+}
+
+/// Whether the worker was told to stop. Consumes the signal: the worker must end at once,
+/// and never poll `stop` again.
+fn stop_requested(stop: &mut oneshot::Receiver<()>) -> bool {
+    !matches!(stop.try_recv(), Err(oneshot::error::TryRecvError::Empty))
+}
+
+/// At most this many accounts' unfinished drains are looked up at a time.
+const DRAINS_PER_LOOK: i64 = 100;
 
 /// What the worker does after a batch was fenced at `stored`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -545,21 +596,30 @@ impl Held {
 }
 
 impl Worker {
-    /// The next message of the current epoch; `None` when the worker must end.
+    /// The next message of the current epoch, or the moment to look for unfinished drains.
     async fn next(
         &self,
         rx: &mut mpsc::Receiver<Fetched>,
         stop: &mut oneshot::Receiver<()>,
-    ) -> Option<Message> {
+    ) -> Next {
+        let due = self.drain_due;
         loop {
             let fetched = tokio::select! {
                 biased;
-                _ = &mut *stop => return None,
-                _ = self.shared.shutdown.cancelled() => return None,
-                m = rx.recv() => m?,
+                _ = &mut *stop => return Next::End,
+                _ = self.shared.shutdown.cancelled() => return Next::End,
+                m = rx.recv() => match m {
+                    Some(m) => m,
+                    None => return Next::End,
+                },
+                // An idle partition looks too: the account whose drain was cut short may
+                // never receive another event.
+                _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
+                    return Next::DrainDue
+                }
             };
             if fetched.epoch >= self.epoch {
-                return Some(fetched.message);
+                return Next::Message(fetched.message);
             }
         }
     }
@@ -567,8 +627,16 @@ impl Worker {
     async fn run(mut self, mut rx: mpsc::Receiver<Fetched>, mut stop: oneshot::Receiver<()>) {
         let config = self.shared.config.clone();
         loop {
-            let Some(first) = self.next(&mut rx, &mut stop).await else {
+            let due = self
+                .drain_due
+                .is_some_and(|at| at <= tokio::time::Instant::now());
+            if due && self.resume_drains(&mut stop).await == Drained::Stop {
                 return;
+            }
+            let first = match self.next(&mut rx, &mut stop).await {
+                Next::Message(m) => m,
+                Next::DrainDue => continue,
+                Next::End => return,
             };
             let mut messages = vec![first];
             let mut bytes = messages[0].payload.len();
@@ -701,7 +769,9 @@ impl Worker {
                     shared
                         .observer
                         .committed(&consumer, self.partition, outcome.next_offset);
-                    self.drain(&outcome.more_to_drain).await;
+                    if self.drain(&outcome.more_to_drain, stop).await == Drained::Stop {
+                        return Applied::Stop;
+                    }
                     return Applied::Committed;
                 }
                 Err(Some(ApplyError::Fenced { stored, start, .. })) => {
@@ -735,33 +805,100 @@ impl Worker {
     }
 
     /// Drains, step by bounded step, accounts whose waiting backlog one batch could not take
-    /// all of. A step that fails is left for the account's next batch, which drains too.
-    async fn drain(&self, accounts: &[i64]) {
-        let shared = &self.shared;
+    /// all of. Nothing is lost when it stops short: each account stays parked at its next
+    /// `seq` until all of it is drained, and that is what [`Worker::resume_drains`] looks
+    /// for. So a step that fails ends the drain and schedules a look, and a stop or a
+    /// shutdown ends it at once, instead of holding a revocation for the whole backlog.
+    async fn drain(&mut self, accounts: &[i64], stop: &mut oneshot::Receiver<()>) -> Drained {
+        let shared = self.shared.clone();
+        let consumer = shared.applier.consumer();
         for &account in accounts {
             loop {
-                let Ok(mut client) = shared.pool.get().await else {
-                    return;
-                };
-                let step = tokio::time::timeout(
-                    shared.config.attempt_timeout,
-                    shared.applier.drain_account(&mut client, account),
-                )
-                .await;
-                match step {
-                    Ok(Ok((_, true))) if !shared.shutdown.is_cancelled() => {}
-                    Ok(Ok(_)) => break,
-                    Ok(Err(e)) => {
-                        tracing::warn!(consumer = %shared.applier.consumer(), account, error = %e, "draining waiting events failed; the account's next batch drains on");
-                        break;
+                if shared.shutdown.is_cancelled() || stop_requested(stop) {
+                    return Drained::Stop;
+                }
+                let step = async {
+                    let mut client = shared.pool.get().await.map_err(|e| e.to_string())?;
+                    let step = tokio::time::timeout(
+                        shared.config.attempt_timeout,
+                        shared.applier.drain_account(&mut client, account),
+                    )
+                    .await;
+                    match step {
+                        Ok(result) => result.map(|(_, more)| more).map_err(|e| e.to_string()),
+                        Err(_) => {
+                            drop(deadpool_postgres::Object::take(client));
+                            Err("no answer from PostgreSQL within the attempt timeout".to_owned())
+                        }
                     }
-                    Err(_) => {
-                        drop(deadpool_postgres::Object::take(client));
-                        break;
+                }
+                .await;
+                shared.observer.drain_step(
+                    consumer,
+                    self.partition,
+                    account,
+                    step.as_ref().map(|more| *more).map_err(String::as_str),
+                );
+                match step {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => {
+                        self.drain_backoff
+                            .failed(consumer, "draining waiting events", &e);
+                        self.drain_due =
+                            Some(tokio::time::Instant::now() + self.drain_backoff.delay());
+                        return Drained::CutShort;
                     }
                 }
             }
         }
+        Drained::Done
+    }
+
+    /// Drains what drains cut short left on this partition, without waiting for the
+    /// accounts' next events (`queries::DRAINABLE_ACCOUNTS`): the last owner stopped in the
+    /// middle of one, or a step failed.
+    async fn resume_drains(&mut self, stop: &mut oneshot::Receiver<()>) -> Drained {
+        let shared = self.shared.clone();
+        let consumer = shared.applier.consumer();
+        let look = async {
+            let client = shared.pool.get().await.map_err(|e| e.to_string())?;
+            shared
+                .applier
+                .drainable_accounts(
+                    &client,
+                    &shared.config.topic,
+                    self.partition,
+                    DRAINS_PER_LOOK,
+                )
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let looked = tokio::time::timeout(shared.config.attempt_timeout, look)
+            .await
+            .unwrap_or_else(|_| {
+                Err("no answer from PostgreSQL within the attempt timeout".to_owned())
+            });
+        let accounts = match looked {
+            Ok(accounts) => accounts,
+            Err(e) => {
+                self.drain_backoff
+                    .failed(consumer, "looking for drains left unfinished", &e);
+                self.drain_due = Some(tokio::time::Instant::now() + self.drain_backoff.delay());
+                return Drained::CutShort;
+            }
+        };
+        // A full page may have more behind it: look again at once.
+        self.drain_due = (accounts.len() as i64 >= DRAINS_PER_LOOK).then(tokio::time::Instant::now);
+        if !accounts.is_empty() {
+            tracing::info!(%consumer, partition = self.partition, accounts = accounts.len(), "draining waiting events a drain left unfinished");
+        }
+        let drained = self.drain(&accounts, stop).await;
+        if drained == Drained::Done {
+            self.drain_backoff
+                .recovered(consumer, "draining waiting events");
+        }
+        drained
     }
 }
 
@@ -827,9 +964,15 @@ impl Backoff {
         self.delay = Duration::from_millis(50);
     }
 
-    async fn sleep(&mut self) {
-        tokio::time::sleep(self.delay).await;
+    /// The wait before the next try; each is twice the last, up to five seconds.
+    fn delay(&mut self) -> Duration {
+        let delay = self.delay;
         self.delay = (self.delay * 2).min(Duration::from_secs(5));
+        delay
+    }
+
+    async fn sleep(&mut self) {
+        tokio::time::sleep(self.delay()).await;
     }
 
     /// Sleeps, unless shutdown comes first; returns true on shutdown.
@@ -1268,6 +1411,8 @@ mod tests {
             partition: 0,
             position: Some(0),
             epoch: 0,
+            drain_due: None,
+            drain_backoff: Backoff::new(),
         };
         let message = |offset: i64| {
             let payload = serde_json::json!({
