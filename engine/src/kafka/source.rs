@@ -807,32 +807,43 @@ impl Worker {
     /// Drains, step by bounded step, accounts whose waiting backlog one batch could not take
     /// all of. Nothing is lost when it stops short: each account stays parked at its next
     /// `seq` until all of it is drained, and that is what [`Worker::resume_drains`] looks
-    /// for. So a step that fails ends the drain and schedules a look, and a stop or a
-    /// shutdown ends it at once, instead of holding a revocation for the whole backlog.
+    /// for. So an account whose step fails is left for a look the failure schedules (the
+    /// others go on; without a connection at all, none does), and a stop or a shutdown ends
+    /// the drain at once, instead of holding a revocation for the whole backlog.
     async fn drain(&mut self, accounts: &[i64], stop: &mut oneshot::Receiver<()>) -> Drained {
         let shared = self.shared.clone();
         let consumer = shared.applier.consumer();
-        for &account in accounts {
+        let mut failed = false;
+        'accounts: for &account in accounts {
             loop {
                 if shared.shutdown.is_cancelled() || stop_requested(stop) {
                     return Drained::Stop;
                 }
-                let step = async {
-                    let mut client = shared.pool.get().await.map_err(|e| e.to_string())?;
-                    let step = tokio::time::timeout(
-                        shared.config.attempt_timeout,
-                        shared.applier.drain_account(&mut client, account),
-                    )
-                    .await;
-                    match step {
-                        Ok(result) => result.map(|(_, more)| more).map_err(|e| e.to_string()),
-                        Err(_) => {
-                            drop(deadpool_postgres::Object::take(client));
-                            Err("no answer from PostgreSQL within the attempt timeout".to_owned())
-                        }
+                let mut client = match shared.pool.get().await {
+                    Ok(client) => client,
+                    Err(e) => {
+                        let e = e.to_string();
+                        shared
+                            .observer
+                            .drain_step(consumer, self.partition, account, Err(&e));
+                        self.drain_backoff
+                            .failed(consumer, "connecting to PostgreSQL", &e);
+                        failed = true;
+                        break 'accounts;
                     }
-                }
+                };
+                let step = tokio::time::timeout(
+                    shared.config.attempt_timeout,
+                    shared.applier.drain_account(&mut client, account),
+                )
                 .await;
+                let step = match step {
+                    Ok(result) => result.map(|(_, more)| more).map_err(|e| e.to_string()),
+                    Err(_) => {
+                        drop(deadpool_postgres::Object::take(client));
+                        Err("no answer from PostgreSQL within the attempt timeout".to_owned())
+                    }
+                };
                 shared.observer.drain_step(
                     consumer,
                     self.partition,
@@ -845,12 +856,15 @@ impl Worker {
                     Err(e) => {
                         self.drain_backoff
                             .failed(consumer, "draining waiting events", &e);
-                        self.drain_due =
-                            Some(tokio::time::Instant::now() + self.drain_backoff.delay());
-                        return Drained::CutShort;
+                        failed = true;
+                        break;
                     }
                 }
             }
+        }
+        if failed {
+            self.drain_due = Some(tokio::time::Instant::now() + self.drain_backoff.delay());
+            return Drained::CutShort;
         }
         Drained::Done
     }
