@@ -445,10 +445,14 @@ impl<'de> Visitor<'de> for MemberName {
 
 /// What a poison message's envelope still yields, for the dead-letter row: an operator must
 /// see which account a dead letter blocks. Lenient: any field that is missing or of the
-/// wrong type is `None`, and text is rendered safe to store.
+/// wrong type is `None`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Salvage {
-    /// The `event_id`, made safe to store.
+    /// The `event_id`, when it is one the wire format accepts: then it is the event's id,
+    /// which its corrected republish carries too, and another id at the same `seq` is
+    /// another event (a conflict). An id the wire format refuses (empty, over-long, control
+    /// characters) is `None` like a missing one: a rendering of it would name no event, and
+    /// its correction necessarily carries another id.
     pub event_id: Option<String>,
     /// The `account_id`, when it is an integer.
     pub account_id: Option<i64>,
@@ -472,7 +476,8 @@ pub fn salvage(payload: &[u8]) -> Salvage {
             .event_id
             .as_ref()
             .and_then(serde_json::Value::as_str)
-            .map(|s| safe_text(s, MAX_ID_BYTES)),
+            .filter(|s| check_id("event_id", s).is_ok())
+            .map(str::to_owned),
         account_id: loose
             .account_id
             .as_ref()
@@ -1192,11 +1197,28 @@ mod tests {
 
     #[test]
     fn salvage_reads_what_it_can() {
-        let s = salvage(br#"{"event_id":"x\u0000y","account_id":7,"seq":"nine"}"#);
-        assert_eq!(s.event_id.as_deref(), Some("x\\u{0}y"));
+        let s = salvage(br#"{"event_id":"x-1","account_id":7,"seq":"nine"}"#);
+        assert_eq!(s.event_id.as_deref(), Some("x-1"));
         assert_eq!(s.account_id, Some(7));
         assert_eq!(s.seq, None);
         assert_eq!(salvage(b"\xff"), Salvage::default());
+    }
+
+    #[test]
+    fn salvage_keeps_no_id_the_wire_format_refuses() {
+        let long = format!(
+            r#"{{"event_id":"{}","seq":3}}"#,
+            "e".repeat(MAX_ID_BYTES + 1)
+        );
+        for payload in [
+            br#"{"event_id":"x\u0000y","seq":3}"#.to_vec(),
+            br#"{"event_id":"","seq":3}"#.to_vec(),
+            br#"{"event_id":17,"seq":3}"#.to_vec(),
+            long.into_bytes(),
+        ] {
+            let s = salvage(&payload);
+            assert_eq!((s.event_id, s.seq), (None, Some(3)));
+        }
     }
 
     #[test]

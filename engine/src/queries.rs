@@ -78,6 +78,27 @@ pub const LOAD_WAITING: &str =
                          ORDER BY w.seq LIMIT $3) w \
      ORDER BY w.account_id, w.seq";
 
+/// Waiting events of the given `(account, seq)`s: those a batch's events would wait at,
+/// beyond the [`LOAD_WAITING`] limit of their account. An event already waiting there holds
+/// the `seq`, and the batch's event is its duplicate or a conflict, which only the event
+/// ids tell; the waiting table's key would otherwise keep the second out silently.
+pub const LOAD_WAITING_AT: &str =
+    "SELECT w.account_id, w.seq, w.event_id, w.topic, w.partition, w.\"offset\", w.message_key, w.payload \
+     FROM projector.waiting_events w \
+     WHERE w.consumer = $1 AND (w.account_id, w.seq) IN (SELECT * FROM unnest($2::bigint[], $3::bigint[])) \
+     ORDER BY w.account_id, w.seq";
+
+/// The `seq`s of the given accounts that open dead letters hold (poison, a failed statement;
+/// a conflict never holds the `seq` it names), with the dead letter's event id where it is
+/// known, oldest first. An event arriving for such a `seq` is the dead event's correction
+/// when it carries its id, and a second event for the `seq` (a conflict) when it carries
+/// another. Read after the accounts are locked (a batch, a repair); a probe of the open dead
+/// letters' partial index, nearly always empty.
+pub const LOAD_DEAD_SEQS: &str = "SELECT account_id, seq, event_id FROM projector.dead_letters \
+     WHERE consumer = $1 AND account_id = ANY($2::bigint[]) AND resolved_at IS NULL \
+       AND kind IN ('poison', 'apply_failed') AND seq IS NOT NULL \
+     ORDER BY account_id, seq, id";
+
 /// Which of the given event ids this view version has applied: tells a true duplicate of an
 /// older `seq` from a second event claiming it (a conflict).
 pub const IN_INBOX: &str =
@@ -93,15 +114,26 @@ pub const SAVE_PROGRESS: &str = "UPDATE projector.account_progress p \
 
 /// Dead letters, with the raw bytes. A message is dead-lettered once per view version: when
 /// it fails again (a retry, or a waiting event that no longer decodes), its open row takes
-/// the newest error.
+/// the newest error. A row resolved by a retry that only sent its event to wait
+/// ([`RETRIED_WAITING_NOTE`]) is opened again: the event failed when it drained, and
+/// resolved, the row would hide the one event its account now waits on, which `dlq retry`
+/// would refuse to retry.
 pub const INSERT_DEAD_LETTERS: &str = "INSERT INTO projector.dead_letters \
      (consumer, topic, partition, \"offset\", kind, message_key, payload, event_id, account_id, seq, error) \
      SELECT $1, t, p, o, k, mk, pl, e, a, s, err \
      FROM unnest($2::text[], $3::int[], $4::bigint[], $5::text[], $6::bytea[], $7::bytea[], \
                  $8::text[], $9::bigint[], $10::bigint[], $11::text[]) AS x(t, p, o, k, mk, pl, e, a, s, err) \
      ON CONFLICT (consumer, topic, partition, \"offset\") DO UPDATE \
-     SET kind = EXCLUDED.kind, error = EXCLUDED.error \
-     WHERE projector.dead_letters.resolved_at IS NULL";
+     SET kind = EXCLUDED.kind, error = EXCLUDED.error, \
+         resolved_at = NULL, resolution = NULL, resolved_by = NULL, resolution_note = NULL \
+     WHERE projector.dead_letters.resolved_at IS NULL \
+        OR (projector.dead_letters.resolution = 'retried' \
+            AND projector.dead_letters.resolution_note = 'waiting')";
+
+/// The resolution note of a dead letter whose retry sent its event to wait for an earlier
+/// `seq` (`Applier::retry_dead_letter`): resolved, though its event has yet to be applied.
+/// [`INSERT_DEAD_LETTERS`] names it in its text.
+pub const RETRIED_WAITING_NOTE: &str = "waiting";
 
 /// Events that must wait, with their raw bytes.
 pub const INSERT_WAITING: &str = "INSERT INTO projector.waiting_events \
@@ -118,7 +150,8 @@ pub const DELETE_WAITING: &str = "DELETE FROM projector.waiting_events \
 /// Parks accounts, or updates why they are parked. The reason is decided here, after this
 /// batch's dead letters are written: `dead_letter` when an open dead letter holds the blocking
 /// `seq` (poison, a failed statement), naming it, so an operator can tell "blocked by a bad
-/// message" from `gap`, "waiting for an event that has not arrived".
+/// message" from `gap`, "waiting for an event that has not arrived". A conflict at that
+/// `seq` does not hold it: the dead letter it conflicts with does, or nothing yet.
 pub const PARK_ACCOUNTS: &str = "INSERT INTO projector.parked_accounts AS k \
      (consumer, account_id, reason, blocked_seq, dead_letter_id, detail) \
      SELECT $1, x.a, CASE WHEN d.id IS NULL THEN 'gap' ELSE 'dead_letter' END, x.b, d.id, \
@@ -129,6 +162,7 @@ pub const PARK_ACCOUNTS: &str = "INSERT INTO projector.parked_accounts AS k \
      FROM unnest($2::bigint[], $3::bigint[], $4::bigint[]) AS x(a, b, w) \
      LEFT JOIN LATERAL (SELECT id, kind, error FROM projector.dead_letters \
                         WHERE consumer = $1 AND account_id = x.a AND seq = x.b AND resolved_at IS NULL \
+                          AND kind <> 'conflict' \
                         ORDER BY id DESC LIMIT 1) d ON true \
      ON CONFLICT (consumer, account_id) DO UPDATE \
      SET reason = EXCLUDED.reason, blocked_seq = EXCLUDED.blocked_seq, \
@@ -147,18 +181,40 @@ pub const RELABEL_PARKS: &str = "UPDATE projector.parked_accounts k \
      FROM unnest($2::bigint[], $3::bigint[]) AS x(a, s) \
      CROSS JOIN LATERAL (SELECT id, kind, error FROM projector.dead_letters \
                          WHERE consumer = $1 AND account_id = x.a AND seq = x.s AND resolved_at IS NULL \
+                           AND kind <> 'conflict' \
                          ORDER BY id DESC LIMIT 1) d \
      WHERE k.consumer = $1 AND k.account_id = x.a AND k.blocked_seq = x.s";
 
-/// Dead letters whose account and `seq` an applied event now holds (the producer republished
-/// the event corrected): resolved as superseded, so the open dead letters are the ones that
-/// still need an engineer. Conflicts stay open: they are write-side bugs. Sent with every
-/// batch: a probe of a partial index that holds only open dead letters, nearly always empty.
-pub const RESOLVE_SUPERSEDED: &str = "UPDATE projector.dead_letters \
+/// Dead letters whose event an applied event now stands for (the producer republished the
+/// event corrected, with its id, at its account and `seq`): resolved as superseded, so the
+/// open dead letters are the ones that still need an engineer. Conflicts stay open: they are
+/// write-side bugs. A dead letter of another event id at that `seq` stays open too: its
+/// event was never applied (in an order-dependent view the applied event was the first to
+/// claim the `seq`; an order-independent view applies both). A poison dead letter without
+/// an event id (its envelope was unreadable, named none, or an id the wire format refuses,
+/// see `event::Salvage`) cannot be told from its correction, and whatever is applied at its
+/// `seq` supersedes it: the write side promises one event per `seq`. Sent with every batch:
+/// a probe of a partial index that holds only open dead letters, nearly always empty.
+pub const RESOLVE_SUPERSEDED: &str = "UPDATE projector.dead_letters d \
      SET resolved_at = now(), resolution = 'superseded', resolved_by = 'projector', \
          resolution_note = 'a later event for the same seq was applied' \
-     WHERE consumer = $1 AND resolved_at IS NULL AND kind IN ('poison', 'apply_failed') \
-       AND (account_id, seq) IN (SELECT * FROM unnest($2::bigint[], $3::bigint[]))";
+     FROM unnest($2::bigint[], $3::bigint[], $4::text[]) AS x(a, s, e) \
+     WHERE d.consumer = $1 AND d.resolved_at IS NULL AND d.kind IN ('poison', 'apply_failed') \
+       AND d.account_id = x.a AND d.seq = x.s AND (d.event_id IS NULL OR d.event_id = x.e)";
+
+/// Parked accounts whose next `seq` already waits, among events read from one partition
+/// (`$2`, `$3`): a drain that stopped short. A batch drains at most a thousand waiting events
+/// of an account and leaves it parked at its next `seq` while more wait, so that the next
+/// step loads them (`BatchOutcome::more_to_drain`); a drain that a shutdown, a crash or an
+/// error cut short leaves exactly this, and so does a park another writer made stale. At
+/// most `$4`, by account. A probe of the waiting events' key per parked account.
+pub const DRAINABLE_ACCOUNTS: &str = "SELECT k.account_id FROM projector.parked_accounts k \
+     JOIN projector.account_progress p ON p.consumer = k.consumer AND p.account_id = k.account_id \
+     WHERE k.consumer = $1 AND EXISTS (SELECT 1 FROM projector.waiting_events w \
+         WHERE w.consumer = $1 AND w.account_id = k.account_id \
+           AND w.seq <= greatest(p.last_seq, coalesce(p.watermark_seq, 0)) + 1 \
+           AND w.topic = $2 AND w.partition = $3) \
+     ORDER BY k.account_id LIMIT $4";
 
 /// Accounts whose wait is over.
 pub const UNPARK_ACCOUNTS: &str =
@@ -247,3 +303,15 @@ pub const FRESH_INBOX_CTES: &str = "fresh AS (INSERT INTO projector.inbox (consu
 /// For views that dedup by version filter only: `ev` is the whole batch. `$1` is still
 /// referenced so every statement has the same parameter list.
 pub const NO_INBOX_CTES: &str = "ev AS (SELECT batch.* FROM batch WHERE $1::text IS NOT NULL)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_letter_retried_into_waiting_is_opened_again_by_the_note_it_carries() {
+        assert!(
+            INSERT_DEAD_LETTERS.contains(&format!("resolution_note = '{RETRIED_WAITING_NOTE}'"))
+        );
+    }
+}

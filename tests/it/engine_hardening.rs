@@ -120,6 +120,9 @@ async fn content_postgresql_cannot_store_is_dead_lettered_in_the_batch_that_meet
         format!(r#"{{"symbol":"{symbol}","side":"buy","qty":{qty},"price":"1"}}"#)
     };
     let long_id = "e".repeat(300);
+    // The messages whose envelope names a usable event id claim seq 3, which no sound event
+    // of the batch takes: at seq 2, each would be another event for the seq the sound event
+    // after them claims, which would make that one a conflict (tests/it/engine_conflicts.rs).
     let bad: Vec<(i64, Vec<u8>)> = vec![
         (
             1,
@@ -149,7 +152,7 @@ async fn content_postgresql_cannot_store_is_dead_lettered_in_the_batch_that_meet
                 "long-symbol",
                 "fill_executed",
                 1,
-                2,
+                3,
                 AT,
                 &fill_data(&"S".repeat(100), "\"1\""),
             ),
@@ -160,7 +163,7 @@ async fn content_postgresql_cannot_store_is_dead_lettered_in_the_batch_that_meet
                 "nul-symbol",
                 "fill_executed",
                 1,
-                2,
+                3,
                 AT,
                 &fill_data("A\\u0000B", "\"1\""),
             ),
@@ -171,7 +174,7 @@ async fn content_postgresql_cannot_store_is_dead_lettered_in_the_batch_that_meet
                 "nul-key",
                 "fill_executed",
                 1,
-                2,
+                3,
                 AT,
                 r#"{"symbol":"X","side":"buy","qty":"1","price":"1","n\u0000te":1}"#,
             ),
@@ -182,14 +185,14 @@ async fn content_postgresql_cannot_store_is_dead_lettered_in_the_batch_that_meet
                 "places",
                 "fill_executed",
                 1,
-                2,
+                3,
                 AT,
                 &fill_data("X", "\"0.000000000000000000000000000001\""),
             ),
         ),
         (
             1,
-            envelope("huge", "fill_executed", 1, 2, AT, &fill_data("X", "1e40")),
+            envelope("huge", "fill_executed", 1, 3, AT, &fill_data("X", "1e40")),
         ),
         (
             1,
@@ -197,7 +200,7 @@ async fn content_postgresql_cannot_store_is_dead_lettered_in_the_batch_that_meet
                 "year",
                 "fill_executed",
                 1,
-                2,
+                3,
                 "+10000-01-01T00:00:00Z",
                 &fill_data("X", "\"1\""),
             ),
@@ -208,7 +211,7 @@ async fn content_postgresql_cannot_store_is_dead_lettered_in_the_batch_that_meet
                 "year-0",
                 "fill_executed",
                 1,
-                2,
+                3,
                 "0000-01-01T00:00:00Z",
                 &fill_data("X", "\"1\""),
             ),
@@ -250,9 +253,8 @@ async fn content_postgresql_cannot_store_is_dead_lettered_in_the_batch_that_meet
     // The envelope yields the account and seq of most: the dead letter says which account.
     assert_eq!((dead[0].3, dead[0].4), (Some(1), Some(2)));
     assert_eq!(
-        dead[1].2.as_deref(),
-        Some("nul\\u{0}id"),
-        "a safe rendering of the id"
+        dead[1].2, None,
+        "an id the wire format refuses is no event's id: none is kept"
     );
     assert!(dead[0].5.contains("event_id"), "{}", dead[0].5);
     assert!(dead[2].5.contains("data.symbol"), "{}", dead[2].5);

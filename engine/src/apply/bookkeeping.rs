@@ -153,9 +153,9 @@ struct Rows<'a> {
     unparks: Vec<i64>,
     /// Poison of accounts the batch holds no sound event of: (account, seq).
     relabel: (Vec<i64>, Vec<i64>),
-    /// The (account, seq) of every event this batch applied: open dead letters of the same
-    /// seq are superseded.
-    superseded: (Vec<i64>, Vec<i64>),
+    /// The (account, seq, event id) of every event this batch applied: open dead letters of
+    /// the same event at that seq are superseded.
+    superseded: (Vec<i64>, Vec<i64>, Vec<&'a str>),
     /// Accounts whose `last_seq` moved: (account, last seq, event holding it).
     progress: (Vec<i64>, Vec<i64>, Vec<Option<&'a str>>),
 }
@@ -252,9 +252,10 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
                 Some(carrier) => !failed_items.contains(carrier),
                 None => true,
             };
-            if !failed.contains(&k) && holds && work.event(item).is_some() {
+            if let (false, true, Some(ev)) = (failed.contains(&k), holds, work.event(item)) {
                 rows.superseded.0.push(acc.account_id);
                 rows.superseded.1.push(seq);
+                rows.superseded.2.push(&ev.event_id);
             }
         }
         match acc.blocked_seq() {
@@ -394,8 +395,8 @@ impl Applier {
         };
         let unparks = async {
             if !rows.superseded.0.is_empty() {
-                tx.execute(&superseded, &[c, &rows.superseded.0, &rows.superseded.1])
-                    .await?;
+                let (a, s, e) = &rows.superseded;
+                tx.execute(&superseded, &[c, a, s, e]).await?;
             }
             let relabelled = if rows.relabel.0.is_empty() {
                 0
@@ -444,10 +445,11 @@ impl Applier {
             advanced
         } else {
             // Only when events start waiting: their insert is awaited before the offset row
-            // adds up the counts. The accounts are locked and their waiting events loaded, so
-            // an event already waiting is caught as a duplicate before this insert; the
-            // conflict clause is a second line, and whatever it skipped is counted as the
-            // duplicate it is.
+            // adds up the counts. The accounts are locked and their waiting events loaded
+            // (past the limit, those at the seqs the batch's events would wait at), so an
+            // event already waiting is caught before this insert, as a duplicate or a
+            // conflict; the conflict clause is a second line, and whatever it skipped is
+            // counted as a duplicate.
             // Drained rows go first: a new event may wait at the seq of a stored one that
             // left (it no longer decoded), and must not collide with it.
             let (_, _, _, inserted) =

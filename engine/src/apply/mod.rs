@@ -77,8 +77,9 @@ pub(crate) fn default_owner() -> String {
 
 /// The prepared statements that load a batch's accounts.
 struct AccountStatements {
-    /// Creates missing progress rows and locks them all (order-dependent views).
-    lock: Option<(Statement, Statement)>,
+    /// Creates missing progress rows and locks them all, then reads the `seq`s their open
+    /// dead letters hold (order-dependent views).
+    lock: Option<(Statement, Statement, Statement)>,
     read: Statement,
 }
 
@@ -587,14 +588,15 @@ impl Applier {
                 Ok(Some(AccountStatements { lock: None, read }))
             }
             Tracking::Seq => {
-                let (ensure, lock, read) = futures::try_join!(
+                let (ensure, lock, read, dead) = futures::try_join!(
                     tx.prepare_cached(queries::ENSURE_PROGRESS),
                     tx.prepare_cached(queries::LOCK_ACCOUNTS),
-                    tx.prepare_cached(queries::READ_ACCOUNTS)
+                    tx.prepare_cached(queries::READ_ACCOUNTS),
+                    tx.prepare_cached(queries::LOAD_DEAD_SEQS)
                 )
                 .map_err(&err)?;
                 Ok(Some(AccountStatements {
-                    lock: Some((ensure, lock)),
+                    lock: Some((ensure, lock, dead)),
                     read,
                 }))
             }
@@ -616,9 +618,9 @@ impl Applier {
         }
         let err = self.db("loading account progress");
         let params: [&(dyn ToSql + Sync); 2] = [&self.consumer, &accounts];
-        let (ensure, lock) = match &statements.lock {
-            Some((ensure, lock)) => (Some(ensure), Some(lock)),
-            None => (None, None),
+        let (ensure, lock, dead) = match &statements.lock {
+            Some((ensure, lock, dead)) => (Some(ensure), Some(lock), Some(dead)),
+            None => (None, None, None),
         };
         let ensure = async {
             match ensure {
@@ -632,9 +634,18 @@ impl Applier {
                 None => Ok(0),
             }
         };
-        let (_, _, rows) =
-            futures::try_join!(ensure, lock, tx.query(&statements.read, &params)).map_err(&err)?;
-        Ok(rows
+        // After the lock, in the same pipeline: a dead letter another writer of the account
+        // committed meanwhile is seen.
+        let dead = async {
+            match dead {
+                Some(dead) => tx.query(dead, &params).await,
+                None => Ok(Vec::new()),
+            }
+        };
+        let (_, _, rows, dead) =
+            futures::try_join!(ensure, lock, tx.query(&statements.read, &params), dead)
+                .map_err(&err)?;
+        let mut states: HashMap<i64, AccountState> = rows
             .iter()
             .map(|row| {
                 (
@@ -645,10 +656,32 @@ impl Applier {
                         watermark: row.get(3),
                         blocked: row.get(4),
                         emit_after: row.get(5),
+                        dead: Vec::new(),
                     },
                 )
             })
-            .collect())
+            .collect();
+        for row in dead {
+            if let Some(state) = states.get_mut(&row.get::<_, i64>(0)) {
+                state.dead.push((row.get(1), row.get(2)));
+            }
+        }
+        Ok(states)
+    }
+
+    /// Adds waiting events, as rows of [`queries::LOAD_WAITING`], to the work.
+    fn push_stored(&self, work: &mut Work<'_>, rows: Vec<tokio_postgres::Row>) {
+        for row in rows {
+            let message = Message::new(row.get(5), row.get(6), row.get::<_, Vec<u8>>(7));
+            work.stored.push(StoredEvent {
+                account_id: row.get(0),
+                seq: row.get(1),
+                topic: row.get(3),
+                partition: row.get(4),
+                decoded: self.decode(&message),
+                message,
+            });
+        }
     }
 
     /// Decides, per account, what is applied now, what is a duplicate or a conflict, and
@@ -683,16 +716,27 @@ impl Applier {
                 .filter(|(_, n)| *n >= DRAIN_LIMIT)
                 .map(|(a, _)| a)
                 .collect();
-            for row in rows {
-                let message = Message::new(row.get(5), row.get(6), row.get::<_, Vec<u8>>(7));
-                work.stored.push(StoredEvent {
-                    account_id: row.get(0),
-                    seq: row.get(1),
-                    topic: row.get(3),
-                    partition: row.get(4),
-                    decoded: self.decode(&message),
-                    message,
-                });
+            for row in &rows {
+                if work.truncated.contains(&row.get::<_, i64>(0)) {
+                    let seq: i64 = row.get(1);
+                    let highest = work.loaded_to.entry(row.get(0)).or_insert(seq);
+                    *highest = (*highest).max(seq);
+                }
+            }
+            self.push_stored(work, rows);
+            // A batch event past what was loaded of its account may land on a `seq` that
+            // an event already waits at: that one is loaded too, so that the sequencer
+            // judges the two by their ids (a duplicate, or a conflict).
+            let (accounts, seqs) = work.beyond_loaded();
+            if !accounts.is_empty() {
+                let rows = tx
+                    .query(
+                        queries::LOAD_WAITING_AT,
+                        &[&self.consumer, &accounts, &seqs],
+                    )
+                    .await
+                    .map_err(self.db("loading waiting events"))?;
+                self.push_stored(work, rows);
             }
         }
         work.sequence(states, self.tracking == Tracking::Seq);

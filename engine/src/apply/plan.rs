@@ -86,6 +86,9 @@ pub(crate) struct AccountState {
     pub blocked: Option<i64>,
     /// The version this one replaced had applied (and emitted for) events up to this `seq`.
     pub emit_after: Option<i64>,
+    /// The `seq`s open dead letters of the account hold (order-dependent views), each with
+    /// its dead event's id where it is known, oldest first.
+    pub dead: Vec<(i64, Option<String>)>,
 }
 
 /// One account's work in this batch.
@@ -107,6 +110,17 @@ impl AccountWork {
     pub(crate) fn blocked_seq(&self) -> Option<i64> {
         self.plan.blocked_seq()
     }
+}
+
+/// A `seq` a dead event claims: an open dead letter, a waiting event that no longer
+/// decodes, or a poison message of the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Claim {
+    pub seq: i64,
+    /// The batch index of a poison message; `None` when it came before the batch.
+    pub index: Option<usize>,
+    /// The dead event's id, when known (see `event::Salvage::event_id`).
+    pub event_id: Option<String>,
 }
 
 /// A batch event that claims a `seq` another event holds.
@@ -145,6 +159,9 @@ pub(crate) struct Work<'b> {
     pub extra_accounts: Vec<i64>,
     /// Accounts with more waiting events than were loaded.
     pub truncated: HashSet<i64>,
+    /// For each truncated account, the highest `seq` of the lowest ones loaded: a stored
+    /// event above it was loaded only because a batch event claims its `seq`.
+    pub loaded_to: HashMap<i64, i64>,
 }
 
 impl<'b> Work<'b> {
@@ -178,6 +195,7 @@ impl<'b> Work<'b> {
             live: false,
             extra_accounts: Vec::new(),
             truncated: HashSet::new(),
+            loaded_to: HashMap::new(),
             counts: Counts {
                 poison,
                 ..Counts::default()
@@ -256,6 +274,25 @@ impl<'b> Work<'b> {
             .map(|(i, _)| i)
     }
 
+    /// The (account, seq) of batch events of truncated accounts past what was loaded of
+    /// them: an event may already wait at such a `seq`.
+    pub(crate) fn beyond_loaded(&self) -> (Vec<i64>, Vec<i64>) {
+        let mut pairs: Vec<(i64, i64)> = self
+            .decoded
+            .iter()
+            .filter_map(Decoded::event)
+            .filter(|ev| {
+                self.loaded_to
+                    .get(&ev.account_id)
+                    .is_some_and(|&highest| ev.seq > highest)
+            })
+            .map(|ev| (ev.account_id, ev.seq))
+            .collect();
+        pairs.sort_unstable();
+        pairs.dedup();
+        pairs.into_iter().unzip()
+    }
+
     /// Runs the sequencer for every account. `states` holds the loaded state of accounts
     /// that have one. `ordered` is false for an order-independent view.
     pub(crate) fn sequence(&mut self, mut states: HashMap<i64, AccountState>, ordered: bool) {
@@ -280,8 +317,17 @@ impl<'b> Work<'b> {
         for &account in &self.extra_accounts {
             incoming.entry(account).or_default();
         }
-        for (account_id, events) in incoming {
+        let mut claims = if ordered {
+            self.dead_claims(&states)
+        } else {
+            HashMap::new()
+        };
+        for (account_id, mut events) in incoming {
             let initial = states.remove(&account_id).unwrap_or_default();
+            if let Some(claims) = claims.remove(&account_id) {
+                let held = waiting.get(&account_id);
+                events = self.claimed_by_the_dead(&initial, held, &claims, events);
+            }
             let stored = sequencer::Stored {
                 last_seq: initial.last_seq,
                 watermark: initial.watermark,
@@ -323,6 +369,97 @@ impl<'b> Work<'b> {
                 incoming,
             });
         }
+    }
+
+    /// Per account, the `seq`s dead events claim, in the order they claimed them: open
+    /// dead letters stored before this batch (loaded with the account), waiting events that
+    /// no longer decode, then this batch's poison, each with its batch index (`None` for
+    /// the first two, which came before every batch message) and its event id if known.
+    fn dead_claims(&self, states: &HashMap<i64, AccountState>) -> HashMap<i64, Vec<Claim>> {
+        let mut claims: HashMap<i64, Vec<Claim>> = HashMap::new();
+        for (&account, state) in states {
+            for (seq, id) in &state.dead {
+                claims.entry(account).or_default().push(Claim {
+                    seq: *seq,
+                    index: None,
+                    event_id: id.clone(),
+                });
+            }
+        }
+        for s in &self.stored {
+            if let Decoded::Poison { salvage, .. } = &s.decoded {
+                claims.entry(s.account_id).or_default().push(Claim {
+                    seq: s.seq,
+                    index: None,
+                    event_id: salvage.event_id.clone(),
+                });
+            }
+        }
+        for (i, d) in self.decoded.iter().enumerate() {
+            if let Decoded::Poison { salvage, .. } = d {
+                if let (Some(account), Some(seq)) = (salvage.account_id, salvage.seq) {
+                    claims.entry(account).or_default().push(Claim {
+                        seq,
+                        index: Some(i),
+                        event_id: salvage.event_id.clone(),
+                    });
+                }
+            }
+        }
+        claims
+    }
+
+    /// Takes out of an account's `events` those that claim a `seq` a dead event claimed
+    /// first under another id, as conflicts: a dead letter holds its `seq` (the account
+    /// parks there) until its event's correction, which carries its id, or an engineer
+    /// releases it. Only `seq`s the account has yet to apply, and that no waiting event
+    /// holds (the sequencer judges those), are looked at; the first claim whose event id
+    /// is known decides, and a seq claimed only by dead events of unknown id is left to
+    /// the sequencer: whatever is applied there supersedes them (`RESOLVE_SUPERSEDED`).
+    fn claimed_by_the_dead(
+        &mut self,
+        initial: &AccountState,
+        held: Option<&BTreeMap<i64, Item>>,
+        claims: &[Claim],
+        events: Vec<(i64, Item)>,
+    ) -> Vec<(i64, Item)> {
+        let applied = initial.last_seq.max(initial.watermark.unwrap_or(0));
+        let mut kept = Vec::with_capacity(events.len());
+        // The first sound event kept at each seq: a poison message after it in the batch
+        // came second, and the sequencer judges what follows against that event.
+        let mut first_at: HashMap<i64, usize> = HashMap::new();
+        for (seq, item) in events {
+            let Item::Batch(i) = item else {
+                kept.push((seq, item));
+                continue;
+            };
+            let Some(ev) = self.decoded[i].event() else {
+                kept.push((seq, item));
+                continue;
+            };
+            let open = seq > applied && !held.is_some_and(|w| w.contains_key(&seq));
+            let before = first_at.get(&seq).copied().unwrap_or(i);
+            let holder = claims
+                .iter()
+                .filter(|c| c.seq == seq && c.index.is_none_or(|p| p < before))
+                .find_map(|c| c.event_id.as_deref());
+            match holder {
+                Some(id) if open && id != ev.event_id => {
+                    let error = format!(
+                        "conflict: seq {seq} of account {} is held by event {id:?}, dead-lettered (poison, or its statement failed) and not applied; event {:?} claims it too (two events, one seq: a write-side bug); not applied. Republish {id:?} corrected, with its id, or give its dead letter up (`projector dlq skip`)",
+                        ev.account_id, ev.event_id
+                    );
+                    self.conflicts.push(Conflict { index: i, error });
+                    self.dispositions[i] = Disposition::DeadLettered;
+                    self.counts.conflicts += 1;
+                }
+                _ => {
+                    first_at.entry(seq).or_insert(i);
+                    kept.push((seq, item));
+                }
+            }
+        }
+        kept
     }
 
     /// The batch events whose `seq` was taken before this batch and whose id only the inbox
@@ -402,7 +539,8 @@ impl<'b> Work<'b> {
         }
         self.counts.dup_seq += duplicates;
         self.counts.conflicts += conflicts.len() as u64;
-        self.conflicts = conflicts;
+        // After the conflicts with dead events the sequencer never saw.
+        self.conflicts.extend(conflicts);
     }
 
     /// Marks emitted events whose id an earlier emitted event of the batch carries (accounts
@@ -505,16 +643,18 @@ impl<'b> Work<'b> {
     }
 
     /// Accounts whose loaded waiting events all left, with more waiting than were loaded:
-    /// the next ones may be able to follow now.
+    /// the next ones may be able to follow now. (An event loaded only because a batch event
+    /// claimed its `seq`, past the lowest ones loaded, may still wait: the ones between are
+    /// next.)
     pub(crate) fn more_to_drain(&self) -> Vec<i64> {
         self.accounts
             .iter()
             .filter(|a| self.truncated.contains(&a.account_id))
             .filter(|a| {
-                !a.plan
-                    .waiting
-                    .values()
-                    .any(|i| matches!(i, Item::Stored(_)))
+                let highest = self.loaded_to.get(&a.account_id).copied();
+                !a.plan.waiting.iter().any(|(seq, i)| {
+                    matches!(i, Item::Stored(_)) && highest.is_none_or(|h| *seq <= h)
+                })
             })
             .map(|a| a.account_id)
             .collect()
@@ -629,7 +769,7 @@ fn taken_before(acc: &AccountWork) -> impl Iterator<Item = usize> + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::decode;
+    use crate::event::{decode, Salvage};
 
     /// A fill of one unit, as `(event_id, account, seq)`.
     #[derive(Clone)]
@@ -751,6 +891,121 @@ mod tests {
         assert_eq!(w.counts.dup_seq, 2);
         let indexes: Vec<usize> = w.conflicts.iter().map(|c| c.index).collect();
         assert_eq!(indexes, [2, 3]);
+    }
+
+    fn poison(id: Option<&str>, account: i64, seq: i64) -> Decoded {
+        Decoded::Poison {
+            error: "bad".to_owned(),
+            salvage: Salvage {
+                event_id: id.map(str::to_owned),
+                account_id: Some(account),
+                seq: Some(seq),
+            },
+        }
+    }
+
+    /// Account 1 at seq 1, its seq 2 held by an open dead letter of event `dead`.
+    fn held_by(dead: Option<&str>) -> HashMap<i64, AccountState> {
+        let state = AccountState {
+            last_seq: 1,
+            dead: vec![(2, dead.map(str::to_owned))],
+            ..AccountState::default()
+        };
+        [(1, state)].into()
+    }
+
+    #[test]
+    fn another_id_for_a_seq_a_dead_letter_holds_is_a_conflict_and_its_own_id_is_not() {
+        let b = batch(&[f(1, 2).with_id("other"), f(1, 3), f(1, 2).with_id("dead")]);
+        let d = decoded(&b);
+        let mut w = Work::new(&b, &d);
+        w.sequence(held_by(Some("dead")), true);
+        w.classify_taken(&HashSet::new(), &HashSet::new());
+        assert_eq!(w.conflicts.len(), 1);
+        assert_eq!(w.conflicts[0].index, 0);
+        assert!(
+            w.conflicts[0].error.contains("\"dead\"") && w.conflicts[0].error.contains("\"other\""),
+            "{}",
+            w.conflicts[0].error
+        );
+        assert_eq!(w.counts.conflicts, 1);
+        assert_eq!(w.dispositions[0], Disposition::DeadLettered);
+        // The correction (the dead letter's own id) goes, and seq 3 after it.
+        let emitted: Vec<i64> = w.accounts[0].plan.emitted.iter().map(|(s, _)| *s).collect();
+        assert_eq!(emitted, [2, 3]);
+    }
+
+    #[test]
+    fn a_dead_letter_of_unknown_id_leaves_its_seq_to_whatever_comes() {
+        let b = batch(&[f(1, 2).with_id("other")]);
+        let d = decoded(&b);
+        let mut w = Work::new(&b, &d);
+        w.sequence(held_by(None), true);
+        assert!(w.conflicts.is_empty());
+        assert_eq!(w.accounts[0].plan.emitted.len(), 1);
+    }
+
+    #[test]
+    fn a_dead_letter_binds_only_seqs_not_yet_applied_nor_waiting_and_only_in_order() {
+        // Applied already: the sequencer judges it (a duplicate or a conflict by the inbox).
+        let b = batch(&[f(1, 1).with_id("other")]);
+        let d = decoded(&b);
+        let mut w = Work::new(&b, &d);
+        let mut states = held_by(Some("dead"));
+        if let Some(s) = states.get_mut(&1) {
+            s.dead = vec![(1, Some("dead".to_owned()))];
+        }
+        w.sequence(states, true);
+        assert!(w.conflicts.is_empty());
+        assert_eq!(w.accounts[0].plan.verdicts, [Verdict::Taken(None)]);
+
+        // An order-independent view applies both events.
+        let b = batch(&[f(1, 2).with_id("other")]);
+        let d = decoded(&b);
+        let mut w = Work::new(&b, &d);
+        w.sequence(held_by(Some("dead")), false);
+        assert!(w.conflicts.is_empty());
+    }
+
+    #[test]
+    fn a_poison_message_claims_its_seq_for_the_events_after_it_in_the_batch() {
+        let b = batch(&[f(1, 2).with_id("before"), f(1, 2), f(1, 2).with_id("after")]);
+        let mut d = decoded(&b);
+        d[1] = poison(Some("p"), 1, 2);
+        let mut w = Work::new(&b, &d);
+        let state = AccountState {
+            last_seq: 1,
+            ..AccountState::default()
+        };
+        w.sequence([(1, state)].into(), true);
+        w.classify_taken(&HashSet::new(), &HashSet::new());
+        // "before" holds seq 2, and "after" conflicts with it: the poison came second.
+        assert_eq!(w.dispositions[0], Disposition::Applied);
+        let indexes: Vec<usize> = w.conflicts.iter().map(|c| c.index).collect();
+        assert_eq!(indexes, [2]);
+        assert!(
+            w.conflicts[0].error.contains("\"before\""),
+            "{}",
+            w.conflicts[0].error
+        );
+
+        // The poison first: the event after it conflicts with the poison.
+        let b = batch(&[f(1, 2), f(1, 2).with_id("after")]);
+        let mut d = decoded(&b);
+        d[0] = poison(Some("p"), 1, 2);
+        let mut w = Work::new(&b, &d);
+        let state = AccountState {
+            last_seq: 1,
+            ..AccountState::default()
+        };
+        w.sequence([(1, state)].into(), true);
+        assert_eq!(w.conflicts.len(), 1);
+        assert!(
+            w.conflicts[0].error.contains("\"p\""),
+            "{}",
+            w.conflicts[0].error
+        );
+        assert!(w.accounts[0].plan.emitted.is_empty());
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! letter retried from its stored bytes, a lost `seq` skipped on purpose, a parked account's
 //! waiting events drained. Each runs in one transaction that locks the account's progress
 //! row like a batch does, so it takes turns with the live stream; none moves an offset (the
-//! stream's counters say what happened when each message was consumed).
+//! stream's counters say what happened when each message was consumed). Each holds the
+//! version's running lock shared for its transaction, as a running consumer holds it for its
+//! session (`kafka/running.rs`): a drop waits for a repair in flight, and a repair of a
+//! version being dropped, or dropped, is refused.
 
 use deadpool_postgres::{Client, Transaction};
 
@@ -10,6 +13,7 @@ use crate::apply::plan::Work;
 use crate::apply::types::{ApplyError, Batch, Counts, Disposition};
 use crate::apply::Applier;
 use crate::event::Message;
+use crate::kafka::running;
 use crate::queries;
 
 /// What [`Applier::skip_dead_letter`] did.
@@ -46,6 +50,7 @@ impl Applier {
             .transaction()
             .await
             .map_err(self.db("beginning the transaction"))?;
+        self.hold_running(&tx).await?;
         let err = self.db("reading the dead letter");
         // The account's lock before the dead letter's, the order a batch takes them (it
         // locks its accounts, then resolves or updates their dead letters).
@@ -86,10 +91,17 @@ impl Applier {
         let counts = self.repair_in(&mut tx, &mut work).await?;
         let disposition = work.dispositions[0];
         if disposition != Disposition::DeadLettered {
+            // A retry that sent the event to wait resolves it too (nothing is left to retry
+            // until the account gets there); should it fail when it drains, the note opens
+            // the row again (`queries::INSERT_DEAD_LETTERS`).
+            let note = match disposition {
+                Disposition::Waiting => queries::RETRIED_WAITING_NOTE.to_owned(),
+                d => format!("{d:?}").to_lowercase(),
+            };
             tx.execute(
                 "UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'retried', \
                      resolved_by = $2, resolution_note = $3 WHERE id = $1",
-                &[&id, &retried_by, &format!("{disposition:?}").to_lowercase()],
+                &[&id, &retried_by, &note],
             )
             .await
             .map_err(self.db("resolving the dead letter"))?;
@@ -120,6 +132,7 @@ impl Applier {
             .transaction()
             .await
             .map_err(self.db("beginning the transaction"))?;
+        self.hold_running(&tx).await?;
         self.lock_account(&tx, account).await?;
         let (next, blocked) = self.waits_for(&tx, account).await?;
         if seq != next {
@@ -169,6 +182,7 @@ impl Applier {
             .transaction()
             .await
             .map_err(self.db("beginning the transaction"))?;
+        self.hold_running(&tx).await?;
         let err = self.db("skipping a dead letter");
         let refused = |reason: String| ApplyError::Refused {
             consumer: self.consumer.clone(),
@@ -238,6 +252,42 @@ impl Applier {
         };
         tx.commit().await.map_err(self.db("committing"))?;
         Ok(outcome)
+    }
+
+    /// Holds the version's running lock shared until the repair's transaction ends, so that
+    /// a drop (which takes it exclusively, then deletes the version's rows) cannot run
+    /// under the repair, and refuses a version a drop holds or has dropped: its rows are
+    /// going or gone, and a repair would only leave progress behind for a version that no
+    /// longer exists. Taken first, before any row lock, and never waited for.
+    async fn hold_running(&self, tx: &Transaction<'_>) -> Result<(), ApplyError> {
+        let err = self.db("holding the version's running lock");
+        let refused = |reason: &str| ApplyError::Refused {
+            consumer: self.consumer.clone(),
+            reason: reason.to_owned(),
+        };
+        if !running::try_hold_for_transaction(&**tx, &self.consumer)
+            .await
+            .map_err(&err)?
+        {
+            return Err(refused(
+                "the version is being dropped (`retire --drop` or `rebuild --cancel` holds it); nothing was repaired",
+            ));
+        }
+        // Read after the lock is held: a drop that finished just before has committed.
+        let dropped = tx
+            .query_opt(
+                "SELECT 1 FROM projector.views WHERE consumer = $1 AND dropped_at IS NOT NULL",
+                &[&self.consumer],
+            )
+            .await
+            .map_err(&err)?
+            .is_some();
+        if dropped {
+            return Err(refused(
+                "the version was dropped: nothing of it is left to repair",
+            ));
+        }
+        Ok(())
     }
 
     /// The account of this version's dead letter `id`, read without locking it (a repair
@@ -358,9 +408,36 @@ impl Applier {
             .transaction()
             .await
             .map_err(self.db("beginning the transaction"))?;
+        self.hold_running(&tx).await?;
         let (counts, more) = self.drain_step(&mut tx, account).await?;
         tx.commit().await.map_err(self.db("committing"))?;
         Ok((counts, more))
+    }
+
+    /// Up to `limit` parked accounts whose next `seq` already waits, among events read from
+    /// `topic`/`partition`: drains left unfinished ([`queries::DRAINABLE_ACCOUNTS`]). The
+    /// partition's consumer drains them with [`Applier::drain_account`] without waiting for
+    /// their next event. None for a view that never parks.
+    pub async fn drainable_accounts(
+        &self,
+        client: &Client,
+        topic: &str,
+        partition: i32,
+        limit: i64,
+    ) -> Result<Vec<i64>, ApplyError> {
+        if !self.ordered {
+            return Ok(Vec::new());
+        }
+        Ok(client
+            .query(
+                queries::DRAINABLE_ACCOUNTS,
+                &[&self.consumer, &topic, &partition, &limit],
+            )
+            .await
+            .map_err(self.db("looking for drains left unfinished"))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
     }
 
     async fn drain_step(

@@ -31,6 +31,23 @@ pub async fn try_hold(client: &Client, consumer: &str) -> Result<bool, Error> {
     Ok(row.get(0))
 }
 
+/// Takes `consumer`'s lock shared until the transaction `client` is in ends, unless a drop
+/// holds it: `false`. A repair (`dlq retry`, `parked skip`, a drain) writes a version's rows
+/// outside any running consumer: without the hold, a drop could delete them under it, or
+/// it could leave progress behind a drop that a rebuild into the same number resumes from.
+pub async fn try_hold_for_transaction(
+    client: &impl tokio_postgres::GenericClient,
+    consumer: &str,
+) -> Result<bool, Error> {
+    let row = client
+        .query_one(
+            "SELECT pg_try_advisory_xact_lock_shared($1, hashtext($2))",
+            &[&CLASS, &consumer],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
 /// Gives a shared hold back.
 pub async fn let_go(client: &Client, consumer: &str) -> Result<(), Error> {
     client

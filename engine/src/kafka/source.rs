@@ -17,12 +17,16 @@
 //! - **Zombies.** A worker that lost its partition without noticing (a stall past the
 //!   session timeout) finds its batch fenced by the offset row: it cannot commit.
 //! - **Fencing never skips.** A fenced worker resumes exactly at the stored offset: from the
-//!   messages it already holds when the offset lies among them, by dropping what another
+//!   messages it already holds when the offset lies among them (the later halves of a
+//!   batch it split after an attempt timed out included), by dropping what another
 //!   writer committed when it lies beyond, or by seeking the client back when it lies
 //!   before them (messages fetched before the seek are told apart by an epoch).
 //! - **Bounded waits.** A batch attempt that outlives [`KafkaConfig::attempt_timeout`] (a hung
 //!   server or network) gives its connection up and is retried, so a revocation, which
 //!   waits for in-flight batches, and a shutdown always finish.
+//! - **Drains.** Waiting events a batch could not drain (it takes a thousand per account)
+//!   are drained after it, step by step; one cut short stays parked at its next `seq`, and
+//!   the partition's worker looks for such accounts when it starts and after a failed step.
 //! - **Outages.** A batch that fails for database reasons is retried with backoff, with one
 //!   log line when the incident starts and one when it ends; the offset never advances
 //!   without the batch.
@@ -195,6 +199,16 @@ pub trait Observer: Send + Sync + 'static {
     fn assigned(&self, _consumer: &str, _partitions: &[i32]) {}
     /// Partitions were revoked (after their in-flight batches finished).
     fn revoked(&self, _consumer: &str, _partitions: &[i32]) {}
+    /// A step draining the waiting events of `account` ended: committed (`Ok(more)`: true
+    /// when another step follows), or failed (`Err`).
+    fn drain_step(
+        &self,
+        _consumer: &str,
+        _partition: i32,
+        _account: i64,
+        _result: Result<bool, &str>,
+    ) {
+    }
 }
 
 /// An observer that observes nothing.
@@ -401,6 +415,8 @@ impl Context {
             partition,
             position: stored,
             epoch: 0,
+            drain_due: Some(tokio::time::Instant::now()),
+            drain_backoff: Backoff::new(),
         };
         shared.runtime.spawn(async move {
             worker.run(rx, stop_rx).await;
@@ -448,7 +464,43 @@ struct Worker {
     position: Option<i64>,
     /// Messages of older epochs were fetched before the last seek this worker asked for.
     epoch: u64,
+    /// When to look for drains left unfinished on this partition ([`Worker::resume_drains`]):
+    /// when the worker starts (the last owner may have stopped in the middle of one), and
+    /// again after a drain step failed. `None`: none is known to be left.
+    drain_due: Option<tokio::time::Instant>,
+    /// Spaces the looks after failures, one log line per incident.
+    drain_backoff: Backoff,
 }
+
+/// How draining waiting events ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drained {
+    /// Everything that could follow was applied.
+    Done,
+    /// A step failed: what is left stays parked, and the worker looks again later.
+    CutShort,
+    /// The worker must end (revoked, or shutting down); the partition's next worker looks
+    /// when it starts.
+    Stop,
+}
+
+/// What the worker waits for between batches.
+enum Next {
+    Message(Message),
+    /// It is time to look for drains left unfinished.
+    DrainDue,
+    /// The worker must end.
+    End,
+}
+
+/// Whether the worker was told to stop. Consumes the signal: the worker must end at once,
+/// and never poll `stop` again.
+fn stop_requested(stop: &mut oneshot::Receiver<()>) -> bool {
+    !matches!(stop.try_recv(), Err(oneshot::error::TryRecvError::Empty))
+}
+
+/// At most this many accounts' unfinished drains are looked up at a time.
+const DRAINS_PER_LOOK: i64 = 100;
 
 /// What the worker does after a batch was fenced at `stored`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -485,22 +537,89 @@ fn resume(batch: &Batch, stored: i64) -> Resume {
     }
 }
 
+/// What a worker holds of the messages it read: the part it applies now and, after attempts
+/// that timed out, the later parts of the batch it was cut from, the next one on top. The
+/// parts are contiguous: each starts where the one before ends.
+///
+/// A fencing is judged against all of it, as one run: the stored offset may lie in any part,
+/// and judged against the current part alone, an offset past it would read as "another
+/// writer committed past the batch" and the later parts would be dropped, their offsets
+/// skipped for good by the next batch, which starts at the stored offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    current: Batch,
+    later: Vec<Batch>,
+}
+
+impl Held {
+    fn new(batch: Batch) -> Self {
+        Self {
+            current: batch,
+            later: Vec::new(),
+        }
+    }
+
+    /// The part to apply now.
+    fn current(&self) -> &Batch {
+        &self.current
+    }
+
+    /// After an attempt timed out: the same work would time out the same way, so the first
+    /// half goes now and the second after it.
+    fn halve(&mut self) {
+        let (first, rest) = halve(&self.current);
+        self.later.push(rest);
+        self.current = first;
+    }
+
+    /// After the current part committed: moves on to the next; false when none is left.
+    fn advance(&mut self) -> bool {
+        match self.later.pop() {
+            Some(next) => {
+                self.current = next;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Where to resume after the current part was fenced at `stored`: everything held, from
+    /// the current part's start to the last part's end, is one batch to [`resume`].
+    fn fenced(self, stored: i64) -> Resume {
+        let Held { current, later } = self;
+        let mut run = current;
+        for part in later.into_iter().rev() {
+            run.messages.extend(part.messages);
+        }
+        resume(&run, stored)
+    }
+}
+
 impl Worker {
-    /// The next message of the current epoch; `None` when the worker must end.
+    /// The next message of the current epoch, or the moment to look for unfinished drains.
     async fn next(
         &self,
         rx: &mut mpsc::Receiver<Fetched>,
         stop: &mut oneshot::Receiver<()>,
-    ) -> Option<Message> {
+    ) -> Next {
+        let due = self.drain_due;
         loop {
             let fetched = tokio::select! {
                 biased;
-                _ = &mut *stop => return None,
-                _ = self.shared.shutdown.cancelled() => return None,
-                m = rx.recv() => m?,
+                _ = &mut *stop => return Next::End,
+                _ = self.shared.shutdown.cancelled() => return Next::End,
+                m = rx.recv() => match m {
+                    Some(m) => m,
+                    None => return Next::End,
+                },
+                // An idle partition looks too: the account whose drain was cut short may
+                // never receive another event.
+                _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
+                    return Next::DrainDue
+                }
             };
             if fetched.epoch >= self.epoch {
-                return Some(fetched.message);
+                return Next::Message(fetched.message);
             }
         }
     }
@@ -508,8 +627,16 @@ impl Worker {
     async fn run(mut self, mut rx: mpsc::Receiver<Fetched>, mut stop: oneshot::Receiver<()>) {
         let config = self.shared.config.clone();
         loop {
-            let Some(first) = self.next(&mut rx, &mut stop).await else {
+            let due = self
+                .drain_due
+                .is_some_and(|at| at <= tokio::time::Instant::now());
+            if due && self.resume_drains(&mut stop).await == Drained::Stop {
                 return;
+            }
+            let first = match self.next(&mut rx, &mut stop).await {
+                Next::Message(m) => m,
+                Next::DrainDue => continue,
+                Next::End => return,
             };
             let mut messages = vec![first];
             let mut bytes = messages[0].payload.len();
@@ -548,33 +675,29 @@ impl Worker {
             if messages.is_empty() {
                 continue;
             }
-            let mut batch = Batch {
+            let mut held = Held::new(Batch {
                 topic: config.topic.clone(),
                 partition: self.partition,
                 start_offset: start,
                 messages,
-            };
-            // Later parts of a batch that was halved after an attempt timed out, the next
-            // one on top.
-            let mut later: Vec<Batch> = Vec::new();
+            });
             loop {
-                match self.apply(&batch, &mut stop).await {
-                    Applied::Committed => match later.pop() {
-                        Some(next) => batch = next,
-                        None => break,
-                    },
-                    Applied::Shrink => {
-                        let (first, rest) = halve(&batch);
-                        later.push(rest);
-                        batch = first;
+                match self.apply(held.current(), &mut stop).await {
+                    Applied::Committed => {
+                        if !held.advance() {
+                            break;
+                        }
                     }
+                    Applied::Shrink => held.halve(),
                     Applied::Stop => return,
-                    Applied::Fenced(stored) => match resume(&batch, stored) {
-                        Resume::Tail(tail) => batch = tail,
+                    Applied::Fenced(stored) => match held.fenced(stored) {
+                        Resume::Tail(tail) => held = Held::new(tail),
+                        // Another writer committed past everything held.
                         Resume::Skip => {
                             self.position = Some(stored);
                             break;
                         }
+                        // What is held is dropped: the client reads it again, from `stored`.
                         Resume::SeekBack => {
                             tracing::warn!(consumer = %self.shared.applier.consumer(), partition = self.partition, stored, "the stored offset is behind what this worker read; fetching again from it");
                             self.position = Some(stored);
@@ -646,7 +769,9 @@ impl Worker {
                     shared
                         .observer
                         .committed(&consumer, self.partition, outcome.next_offset);
-                    self.drain(&outcome.more_to_drain).await;
+                    if self.drain(&outcome.more_to_drain, stop).await == Drained::Stop {
+                        return Applied::Stop;
+                    }
                     return Applied::Committed;
                 }
                 Err(Some(ApplyError::Fenced { stored, start, .. })) => {
@@ -680,33 +805,114 @@ impl Worker {
     }
 
     /// Drains, step by bounded step, accounts whose waiting backlog one batch could not take
-    /// all of. A step that fails is left for the account's next batch, which drains too.
-    async fn drain(&self, accounts: &[i64]) {
-        let shared = &self.shared;
-        for &account in accounts {
+    /// all of. Nothing is lost when it stops short: each account stays parked at its next
+    /// `seq` until all of it is drained, and that is what [`Worker::resume_drains`] looks
+    /// for. So an account whose step fails is left for a look the failure schedules (the
+    /// others go on; without a connection at all, none does), and a stop or a shutdown ends
+    /// the drain at once, instead of holding a revocation for the whole backlog.
+    async fn drain(&mut self, accounts: &[i64], stop: &mut oneshot::Receiver<()>) -> Drained {
+        let shared = self.shared.clone();
+        let consumer = shared.applier.consumer();
+        let mut failed = false;
+        'accounts: for &account in accounts {
             loop {
-                let Ok(mut client) = shared.pool.get().await else {
-                    return;
+                if shared.shutdown.is_cancelled() || stop_requested(stop) {
+                    return Drained::Stop;
+                }
+                let mut client = match shared.pool.get().await {
+                    Ok(client) => client,
+                    Err(e) => {
+                        let e = e.to_string();
+                        shared
+                            .observer
+                            .drain_step(consumer, self.partition, account, Err(&e));
+                        self.drain_backoff
+                            .failed(consumer, "connecting to PostgreSQL", &e);
+                        failed = true;
+                        break 'accounts;
+                    }
                 };
                 let step = tokio::time::timeout(
                     shared.config.attempt_timeout,
                     shared.applier.drain_account(&mut client, account),
                 )
                 .await;
-                match step {
-                    Ok(Ok((_, true))) if !shared.shutdown.is_cancelled() => {}
-                    Ok(Ok(_)) => break,
-                    Ok(Err(e)) => {
-                        tracing::warn!(consumer = %shared.applier.consumer(), account, error = %e, "draining waiting events failed; the account's next batch drains on");
-                        break;
-                    }
+                let step = match step {
+                    Ok(result) => result.map(|(_, more)| more).map_err(|e| e.to_string()),
                     Err(_) => {
                         drop(deadpool_postgres::Object::take(client));
+                        Err("no answer from PostgreSQL within the attempt timeout".to_owned())
+                    }
+                };
+                shared.observer.drain_step(
+                    consumer,
+                    self.partition,
+                    account,
+                    step.as_ref().map(|more| *more).map_err(String::as_str),
+                );
+                match step {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => {
+                        self.drain_backoff
+                            .failed(consumer, "draining waiting events", &e);
+                        failed = true;
                         break;
                     }
                 }
             }
         }
+        if failed {
+            self.drain_due = Some(tokio::time::Instant::now() + self.drain_backoff.delay());
+            return Drained::CutShort;
+        }
+        Drained::Done
+    }
+
+    /// Drains what drains cut short left on this partition, without waiting for the
+    /// accounts' next events (`queries::DRAINABLE_ACCOUNTS`): the last owner stopped in the
+    /// middle of one, or a step failed.
+    async fn resume_drains(&mut self, stop: &mut oneshot::Receiver<()>) -> Drained {
+        let shared = self.shared.clone();
+        let consumer = shared.applier.consumer();
+        let look = async {
+            let client = shared.pool.get().await.map_err(|e| e.to_string())?;
+            shared
+                .applier
+                .drainable_accounts(
+                    &client,
+                    &shared.config.topic,
+                    self.partition,
+                    DRAINS_PER_LOOK,
+                )
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let looked = tokio::time::timeout(shared.config.attempt_timeout, look)
+            .await
+            .unwrap_or_else(|_| {
+                Err("no answer from PostgreSQL within the attempt timeout".to_owned())
+            });
+        let accounts = match looked {
+            Ok(accounts) => accounts,
+            Err(e) => {
+                self.drain_backoff
+                    .failed(consumer, "looking for drains left unfinished", &e);
+                self.drain_due = Some(tokio::time::Instant::now() + self.drain_backoff.delay());
+                return Drained::CutShort;
+            }
+        };
+        // A full page may have more behind it: look again at once.
+        self.drain_due = (accounts.len() as i64 >= DRAINS_PER_LOOK).then(tokio::time::Instant::now);
+        if !accounts.is_empty() {
+            tracing::info!(%consumer, partition = self.partition, accounts = accounts.len(), "draining waiting events a drain left unfinished");
+        }
+        let drained = self.drain(&accounts, stop).await;
+        if drained == Drained::Done {
+            self.drain_backoff
+                .recovered(consumer, "draining waiting events");
+        }
+        drained
     }
 }
 
@@ -772,9 +978,15 @@ impl Backoff {
         self.delay = Duration::from_millis(50);
     }
 
-    async fn sleep(&mut self) {
-        tokio::time::sleep(self.delay).await;
+    /// The wait before the next try; each is twice the last, up to five seconds.
+    fn delay(&mut self) -> Duration {
+        let delay = self.delay;
         self.delay = (self.delay * 2).min(Duration::from_secs(5));
+        delay
+    }
+
+    async fn sleep(&mut self) {
+        tokio::time::sleep(self.delay()).await;
     }
 
     /// Sleeps, unless shutdown comes first; returns true on shutdown.
@@ -1092,6 +1304,76 @@ mod tests {
         assert_eq!(tail.messages[0].offset, 105);
     }
 
+    fn offsets_of(batch: &Batch) -> Vec<i64> {
+        batch.messages.iter().map(|m| m.offset).collect()
+    }
+
+    /// [100, 120) halved twice: [100, 105) now, then [105, 110) and [110, 120).
+    fn halved_twice() -> Held {
+        let mut held = Held::new(batch(100, &(100..120).collect::<Vec<_>>()));
+        held.halve();
+        held.halve();
+        held
+    }
+
+    #[test]
+    fn halves_are_applied_in_offset_order() {
+        let mut held = halved_twice();
+        let mut parts = vec![(held.current().start_offset, offsets_of(held.current()))];
+        while held.advance() {
+            parts.push((held.current().start_offset, offsets_of(held.current())));
+        }
+        assert_eq!(
+            parts,
+            [
+                (100, (100..105).collect::<Vec<_>>()),
+                (105, (105..110).collect()),
+                (110, (110..120).collect()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_fencing_past_the_current_half_resumes_with_every_later_one() {
+        // Fenced at 107 while applying [100, 105): 107..119 are still held, in two parts.
+        let Resume::Tail(tail) = halved_twice().fenced(107) else {
+            panic!("the rest from 107 must be applied");
+        };
+        assert_eq!(tail.start_offset, 107);
+        assert_eq!(offsets_of(&tail), (107..120).collect::<Vec<_>>());
+
+        // Fenced inside the last part.
+        let Resume::Tail(tail) = halved_twice().fenced(115) else {
+            panic!("the rest from 115 must be applied");
+        };
+        assert_eq!(
+            (tail.start_offset, offsets_of(&tail)),
+            (115, (115..120).collect())
+        );
+    }
+
+    #[test]
+    fn a_fencing_of_a_later_half_resumes_in_it_or_seeks_back() {
+        let mut held = halved_twice();
+        assert!(held.advance(), "[105, 110) is next");
+        let Resume::Tail(tail) = held.clone().fenced(108) else {
+            panic!("tail expected");
+        };
+        assert_eq!(
+            (tail.start_offset, offsets_of(&tail)),
+            (108, (108..120).collect())
+        );
+        // 100..104 committed and gone from memory: a stored offset among them is read again.
+        assert_eq!(held.fenced(102), Resume::SeekBack);
+    }
+
+    #[test]
+    fn a_fencing_past_everything_held_skips_it() {
+        assert_eq!(halved_twice().fenced(120), Resume::Skip);
+        assert_eq!(halved_twice().fenced(500), Resume::Skip);
+        assert_eq!(halved_twice().fenced(99), Resume::SeekBack);
+    }
+
     #[test]
     fn a_rate_limit_costs_messages_over_rate_seconds() {
         assert_eq!(rate_cost(500, 1000), Duration::from_millis(500));
@@ -1197,6 +1479,8 @@ mod tests {
             partition: 0,
             position: Some(0),
             epoch: 0,
+            drain_due: None,
+            drain_backoff: Backoff::new(),
         };
         let message = |offset: i64| {
             let payload = serde_json::json!({
