@@ -308,15 +308,30 @@ fn the_endpoint_shows_the_engines_counts_and_health_follows_progress() {
         |(c, _)| *c == 503,
     );
     assert!(body.contains("\"kind\":\"stalled\""), "{body}");
-    let samples = parse(&get(&addr, "/metrics").1);
-    for (partition, n) in &landed {
+    // The page may come from a snapshot taken while the last of them were still being sent
+    // (they wait 2 s from the first): the gauges show every one of them at the latest in the
+    // snapshot after.
+    let lag_of = |samples: &[Sample], partition: &i32| {
         let label = partition.to_string();
+        sum(
+            samples,
+            "projector_lag_messages",
+            &[("consumer", C), ("partition", &label)],
+        )
+    };
+    let samples = wait(
+        "the lag gauges to show the new events",
+        &mut p,
+        || parse(&get(&addr, "/metrics").1),
+        |s| {
+            landed
+                .iter()
+                .all(|(partition, n)| lag_of(&s[..], partition) >= Some(*n as i64))
+        },
+    );
+    for (partition, n) in &landed {
         assert_eq!(
-            sum(
-                &samples,
-                "projector_lag_messages",
-                &[("consumer", C), ("partition", &label)]
-            ),
+            lag_of(&samples[..], partition),
             Some(*n as i64),
             "partition {partition}"
         );
