@@ -518,6 +518,12 @@ async fn story(
         ("session.timeout.ms".to_owned(), "3000".to_owned()),
         ("heartbeat.interval.ms".to_owned(), "300".to_owned()),
     ];
+    // The rebuild reads the dev broker too.
+    kafka.properties.extend(
+        projector_devkit::devbroker::CONSUMER_PROPERTIES
+            .iter()
+            .map(|&(k, v)| (k.to_owned(), v.to_owned())),
+    );
 
     let mut b: Option<Engine> = None;
     let mut rebuild: Option<

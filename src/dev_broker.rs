@@ -1,12 +1,13 @@
 //! `projector dev-broker`: librdkafka's mock cluster as a local Kafka broker for development
 //! and demos. The bootstrap address is the first line of standard output, so scripts can
 //! read it (`BROKERS=$(projector dev-broker | head -1)` style, or a test harness); the
-//! broker then serves until SIGINT or SIGTERM. Nothing is persisted.
+//! broker then serves until SIGINT or SIGTERM. Nothing is persisted. Standard error says how
+//! to consume from it: the mock cluster needs a shorter fetch wait than a real broker.
 
 use std::io::Write as _;
 
 use anyhow::Context as _;
-use projector_devkit::devbroker::DevBroker;
+use projector_devkit::devbroker::{consumer_flags, DevBroker};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -41,6 +42,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         broker.bootstrap_servers(),
         args.brokers_count,
         if args.brokers_count == 1 { "" } else { "s" },
+    );
+    // The engine's defaults are a real broker's; this one holds an empty fetch for the whole
+    // wait, so a consumer without the flag sees every event a quarter of a second late.
+    eprintln!(
+        "dev broker: consume with projector run --brokers {} --topic {} {}",
+        broker.bootstrap_servers(),
+        args.topic,
+        consumer_flags()
     );
     stop.await?;
     drop(broker);

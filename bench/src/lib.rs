@@ -496,9 +496,15 @@ struct Bench<'a> {
 
 impl Bench<'_> {
     fn config(&self, topic: &str) -> KafkaConfig {
-        // The engine's defaults: the figures are for what `projector run` does.
+        // The engine's defaults, so that the figures are for what `projector run` does, plus
+        // what the dev broker needs beyond them (it holds an empty fetch for the whole wait;
+        // a real broker answers when data arrives).
         let mut c = KafkaConfig::new(self.brokers.clone(), topic);
         c.group_prefix = "bench".to_owned();
+        c.properties = projector_devkit::devbroker::CONSUMER_PROPERTIES
+            .iter()
+            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
         c
     }
 

@@ -41,6 +41,22 @@ pub use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 /// librdkafka accepts at most this many mock brokers.
 const MAX_BROKERS: i32 = 9999;
 
+/// What a consumer of the dev broker sets beyond the engine's defaults, which are a real
+/// broker's: the mock cluster holds a fetch that finds no data for the whole
+/// `fetch.wait.max.ms`, even when data arrives meanwhile, so librdkafka's 500 ms would add
+/// about 250 ms to every event's latency. A real broker answers as soon as data arrives, where
+/// 10 ms would only make every idle consumer ask about 100 times a second.
+pub const CONSUMER_PROPERTIES: &[(&str, &str)] = &[("fetch.wait.max.ms", "10")];
+
+/// [`CONSUMER_PROPERTIES`] as `projector run` flags: `-X key=value ...`.
+pub fn consumer_flags() -> String {
+    CONSUMER_PROPERTIES
+        .iter()
+        .map(|(k, v)| format!("-X {k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Why the dev broker could not do what it was asked.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -53,6 +53,12 @@ impl Engine {
                 "-X",
                 "heartbeat.interval.ms=300",
             ])
+            // What the dev broker needs beyond the engine's real-broker defaults.
+            .args(
+                projector_devkit::devbroker::CONSUMER_PROPERTIES
+                    .iter()
+                    .flat_map(|(k, v)| ["-X".to_owned(), format!("{k}={v}")]),
+            )
             .env("DATABASE_URL", database_url)
             .env("PROJECTOR_LOG", "warn")
             .env("NO_COLOR", "1")

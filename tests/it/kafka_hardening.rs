@@ -12,13 +12,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::kafka::{
-    add, config, ends_of, held, publish, publish_raw, Hold, Progress, Raw, Tee,
-};
+use crate::support::broker::Broker;
+use crate::support::kafka::{add, ends_of, held, publish, publish_raw, Hold, Progress, Raw, Tee};
 use crate::support::proxy::{target_of, url_through, Proxy};
 use crate::support::{fills, offsets, rows, trail_fold, with_options, Trail};
 use deadpool_postgres::{Client, Pool};
-use projector_devkit::devbroker::DevBroker;
 use projector_devkit::partitioner::partition_for_account;
 use projector_engine::db::{self, Settings};
 use projector_engine::kafka::source::{run_view, KafkaConfig, Observer, SourceError};
@@ -77,13 +75,14 @@ async fn stop_view(token: CancellationToken, task: JoinHandle<Result<(), SourceE
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fencing_inside_the_batch_applies_the_rest_of_it() {
     let (db, applier) = trail_db().await;
-    let broker = DevBroker::start(1, &[("fills", 1)]).expect("broker");
+    let broker = Broker::start(&[("fills", 1)]);
+    let topic = broker.topic("fills");
     let bootstrap = broker.bootstrap_servers();
     // 21 accounts, round-robin: the first 2100 events are seq 1 to 100 of every account.
     let events = fills(21, 110);
     let (first, later) = events.split_at(2100);
-    let mut ends = publish(&bootstrap, "fills", first).await;
-    let log = Partition::from_events("fills", 0, first);
+    let mut ends = publish(&bootstrap, &topic, first).await;
+    let log = Partition::from_events(&topic, 0, first);
     let mut client = db.client().await;
     applier
         .apply(&mut client, &log.batch(0, 100))
@@ -92,7 +91,7 @@ async fn a_fencing_inside_the_batch_applies_the_rest_of_it() {
 
     let progress = Arc::new(Progress::default());
     let (hold, mut held_rx) = Hold::new(progress.clone(), |b: &Batch| b.start_offset == 100);
-    let mut cfg = config(&bootstrap, "fills");
+    let mut cfg = broker.config(&topic);
     cfg.max_batch_messages = 2000;
     // Everything up to 2100 is on the topic already: the batch fills up well within this.
     cfg.linger = Duration::from_secs(1);
@@ -121,7 +120,7 @@ async fn a_fencing_inside_the_batch_applies_the_rest_of_it() {
     assert_eq!(committed.next_offset, 110);
     // More arrives meanwhile, so that a worker that skipped past its batch would have
     // something to commit beyond the hole.
-    add(&mut ends, &publish(&bootstrap, "fills", later).await);
+    add(&mut ends, &publish(&bootstrap, &topic, later).await);
     held.release();
 
     progress.wait_for_ends(&ends, LIMIT).await;
@@ -151,14 +150,15 @@ async fn a_fencing_inside_the_batch_applies_the_rest_of_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fencing_behind_the_batch_fetches_again_from_the_stored_offset() {
     let (db, applier) = trail_db().await;
-    let broker = DevBroker::start(1, &[("fills", 1)]).expect("broker");
+    let broker = Broker::start(&[("fills", 1)]);
+    let topic = broker.topic("fills");
     let bootstrap = broker.bootstrap_servers();
     let events = fills(20, 100);
-    let ends = publish(&bootstrap, "fills", &events).await;
+    let ends = publish(&bootstrap, &topic, &events).await;
 
     let progress = Arc::new(Progress::default());
     let (hold, mut held_rx) = Hold::new(progress.clone(), |b: &Batch| b.start_offset >= 1000);
-    let (stop, task) = spawn_view(&applier, db.pool(), &config(&bootstrap, "fills"), hold);
+    let (stop, task) = spawn_view(&applier, db.pool(), &broker.config(&topic), hold);
 
     let held = held(&mut held_rx, LIMIT).await;
     let start = held.batch.start_offset;
@@ -167,8 +167,8 @@ async fn a_fencing_behind_the_batch_fetches_again_from_the_stored_offset() {
     let moved = client
         .execute(
             "UPDATE projector.offsets SET next_offset = $1 \
-             WHERE consumer = 'trail_v1' AND topic = 'fills' AND partition = 0 AND next_offset = $2",
-            &[&rewound, &start],
+             WHERE consumer = 'trail_v1' AND topic = $3 AND partition = 0 AND next_offset = $2",
+            &[&rewound, &start, &topic],
         )
         .await
         .expect("rewind");
@@ -292,15 +292,16 @@ impl Locker {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revocation_finishes_while_a_lock_holds_the_batch() {
     let (db, applier) = trail_db().await;
-    let broker = DevBroker::start(1, &[("fills", 3)]).expect("broker");
+    let broker = Broker::start(&[("fills", 3)]);
+    let topic = broker.topic("fills");
     let bootstrap = broker.bootstrap_servers();
     let events = fills(30, 40);
     let (first, later) = events.split_at(events.len() / 2);
-    let mut ends = publish(&bootstrap, "fills", first).await;
+    let mut ends = publish(&bootstrap, &topic, first).await;
 
     let url = with_options(db.url(), &[("statement_timeout", "1000")]);
     let pool = db::pool(&url, 8).expect("engine pool");
-    let mut cfg = config(&bootstrap, "fills");
+    let mut cfg = broker.config(&topic);
     cfg.attempt_timeout = Duration::from_secs(3);
     let shared = Arc::new(Progress::default());
     let (own_a, own_b) = (Arc::new(Progress::default()), Arc::new(Progress::default()));
@@ -316,7 +317,7 @@ async fn a_revocation_finishes_while_a_lock_holds_the_batch() {
     let admin = db.client().await;
     let locker = Locker::new(&db).await;
     assert_eq!(locker.lock("trail_v1").await, 3);
-    add(&mut ends, &publish(&bootstrap, "fills", later).await);
+    add(&mut ends, &publish(&bootstrap, &topic, later).await);
     wait_for_lock_waiters(&admin, db.name(), 1).await;
     let committed_before = shared.committed_total();
 
@@ -372,11 +373,12 @@ async fn a_revocation_finishes_while_a_lock_holds_the_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_connection_cannot_hold_a_shutdown() {
     let (db, applier) = trail_db().await;
-    let broker = DevBroker::start(1, &[("fills", 3)]).expect("broker");
+    let broker = Broker::start(&[("fills", 3)]);
+    let topic = broker.topic("fills");
     let bootstrap = broker.bootstrap_servers();
     let events = fills(30, 40);
     let (first, later) = events.split_at(events.len() / 2);
-    let mut ends = publish(&bootstrap, "fills", first).await;
+    let mut ends = publish(&bootstrap, &topic, first).await;
 
     let proxy = Proxy::start(target_of(db.url())).await;
     let url = with_options(
@@ -390,7 +392,7 @@ async fn a_frozen_connection_cannot_hold_a_shutdown() {
         ..Settings::default()
     };
     let pool = db::pool_with(&url, &settings).expect("engine pool through the proxy");
-    let mut cfg = config(&bootstrap, "fills");
+    let mut cfg = broker.config(&topic);
     cfg.attempt_timeout = Duration::from_secs(4);
     let progress = Arc::new(Progress::default());
     let (stop, task) = spawn_view(&applier, &pool, &cfg, progress.clone());
@@ -400,7 +402,7 @@ async fn a_frozen_connection_cannot_hold_a_shutdown() {
     let admin = db.client().await;
     let locker = Locker::new(&db).await;
     assert_eq!(locker.lock("trail_v1").await, 3);
-    add(&mut ends, &publish(&bootstrap, "fills", later).await);
+    add(&mut ends, &publish(&bootstrap, &topic, later).await);
     wait_for_lock_waiters(&admin, db.name(), 3).await;
     // ... when the network freezes. Released, the frozen sessions take the offset rows and
     // then wait for a client that will never speak again.
@@ -996,10 +998,11 @@ async fn a_stream_of_every_bad_message_on_three_partitions() {
     let views: Vec<Arc<dyn Projection>> = registry.all().to_vec();
     assert_eq!(views.len(), VIEWS);
     let db = TestDb::new(&registry).await;
-    let broker = DevBroker::start(1, &[("trades", PARTITIONS)]).expect("broker");
+    let broker = Broker::start(&[("trades", PARTITIONS)]);
+    let topic = broker.topic("trades");
     let bootstrap = broker.bootstrap_servers();
     let stream = stream();
-    let landed = publish_raw(&bootstrap, "trades", &stream.messages).await;
+    let landed = publish_raw(&bootstrap, &topic, &stream.messages).await;
     let ends = ends_of(&landed);
     assert_eq!(
         ends.len(),
@@ -1009,7 +1012,7 @@ async fn a_stream_of_every_bad_message_on_three_partitions() {
     let total = stream.messages.len() as i64;
 
     let pool = db::pool(db.url(), 12).expect("pool");
-    let cfg = config(&bootstrap, "trades");
+    let cfg = broker.config(&topic);
     let mut running = Vec::new();
     for view in &views {
         let applier =
@@ -1027,7 +1030,7 @@ async fn a_stream_of_every_bad_message_on_three_partitions() {
 
     // The reference: each compared account's events delivered once, in order, to each view.
     let reference = TestDb::new(&registry).await;
-    let mut clean = Partition::new("trades", 0);
+    let mut clean = Partition::new(&topic, 0);
     for messages in stream.clean.values() {
         for (key, payload) in messages {
             clean.push_raw(key.clone(), payload.clone());

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use projector_devkit::devbroker::DevBroker;
+use crate::support::broker::Broker;
 use projector_devkit::partitioner::{murmur2, partition_for_account};
 use projector_devkit::publish::{publish_lines, PublishConfig};
 
@@ -45,17 +45,18 @@ fn lines(accounts: &[i64]) -> String {
 
 #[tokio::test]
 async fn every_account_lands_where_the_java_client_puts_it() {
-    let broker = DevBroker::start(1, &[("accounts", PARTITIONS)]).expect("dev broker");
+    let broker = Broker::start(&[("accounts", PARTITIONS)]);
+    let topic = broker.topic("accounts");
     let accounts = accounts();
     let report = publish_lines(
         lines(&accounts).as_bytes(),
-        &PublishConfig::new(broker.bootstrap_servers(), "accounts"),
+        &PublishConfig::new(broker.bootstrap_servers(), &topic),
     )
     .await
     .expect("publish");
     assert_eq!(report.sent, accounts.len() as u64);
 
-    let messages = broker.read_topic("accounts", READ).expect("read back");
+    let messages = broker.read_topic(&topic, READ).expect("read back");
     assert_eq!(messages.len(), accounts.len());
     let mut per_partition: BTreeMap<i32, u64> = BTreeMap::new();
     for m in &messages {
@@ -96,9 +97,10 @@ async fn every_account_lands_where_the_java_client_puts_it() {
 /// elsewhere. This also shows the test above would catch a producer left on the default.
 #[tokio::test]
 async fn the_librdkafka_default_would_split_accounts_from_java_producers() {
-    let broker = DevBroker::start(1, &[("crc", PARTITIONS)]).expect("dev broker");
+    let broker = Broker::start(&[("crc", PARTITIONS)]);
+    let topic = broker.topic("crc");
     let accounts = accounts();
-    let mut config = PublishConfig::new(broker.bootstrap_servers(), "crc");
+    let mut config = PublishConfig::new(broker.bootstrap_servers(), &topic);
     config
         .properties
         .push(("partitioner".to_owned(), "consistent_random".to_owned()));
@@ -106,7 +108,7 @@ async fn the_librdkafka_default_would_split_accounts_from_java_producers() {
         .await
         .expect("publish");
 
-    let messages = broker.read_topic("crc", READ).expect("read back");
+    let messages = broker.read_topic(&topic, READ).expect("read back");
     assert_eq!(messages.len(), accounts.len());
     let moved: BTreeSet<i64> = messages
         .iter()

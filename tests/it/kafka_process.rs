@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use crate::support::broker::Broker;
 use crate::support::fills;
 use crate::support::kafka::publish;
 use crate::support::process::{run_to_end, wait_until, Projector};
-use projector_devkit::devbroker::DevBroker;
 use projector_engine::testkit::conformance::dump;
 use projector_engine::testkit::{consume, EventSpec, Lcg, Partition, TestDb};
 use projector_engine::{Applier, SourceOrdering};
@@ -91,27 +91,22 @@ fn owner_of(p: &Projector) -> String {
     format!("{host}:{}", p.pid())
 }
 
-fn run_args<'a>(bootstrap: &'a str, url: &'a str) -> Vec<&'a str> {
-    vec![
-        "run",
-        "--brokers",
-        bootstrap,
-        "--topic",
-        "fills",
-        "--views",
-        "portfolio",
-        "--database-url",
-        url,
-        "--max-batch-messages",
-        "200",
-        "-X",
-        "session.timeout.ms=3000",
-        "-X",
-        "heartbeat.interval.ms=300",
-        // Two processes on one host: each serves /metrics on a port of its own.
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
+fn run_args(broker: &Broker, url: &str) -> Vec<String> {
+    let mut args: Vec<String> = ["run", "--views", "portfolio", "--database-url", url]
+        .map(str::to_owned)
+        .into();
+    args.extend(broker.cli_flags(&broker.topic("fills")));
+    args.extend(
+        [
+            "--max-batch-messages",
+            "200",
+            // Two processes on one host: each serves /metrics on a port of its own.
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ]
+        .map(str::to_owned),
+    );
+    args
 }
 
 const LOG: &str = "projector_engine::kafka=info,warn";
@@ -119,9 +114,11 @@ const LOG: &str = "projector_engine::kafka=info,warn";
 #[test]
 fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
     let rt = runtime();
-    let broker = DevBroker::start(1, &[("fills", 4)]).expect("broker");
+    let broker = Broker::start(&[("fills", 4)]);
     let bootstrap = broker.bootstrap_servers();
+    let topic = broker.topic("fills");
     let db = rt.block_on(TestDb::new(&projector_views::registry().expect("registry")));
+    let args = run_args(&broker, db.url());
     // The stream is published in chunks, the next one whenever the processes come near the
     // end, so that every kill lands mid-stream however fast this machine applies. Each restart
     // waits out the killed member's session (3 s), so twelve kills cost about a minute.
@@ -136,7 +133,7 @@ fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
         // One event in twenty is delivered twice.
         let mut stream = chunk.to_vec();
         stream.extend(chunk.iter().step_by(20).cloned());
-        rt.block_on(publish(&bootstrap, "fills", &stream));
+        rt.block_on(publish(&bootstrap, &topic, &stream));
         published.extend_from_slice(chunk);
         *stream_len += stream.len() as i64;
     };
@@ -148,7 +145,7 @@ fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
             publish_next(&mut published, &mut stream_len);
         }
         let before = rt.block_on(committed(&db)).0;
-        let mut p = Projector::spawn(&run_args(&bootstrap, db.url()), LOG);
+        let mut p = Projector::spawn(&args, LOG);
         wait_until(
             &format!("a commit after restart {kill}"),
             &mut [&mut p],
@@ -160,7 +157,7 @@ fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
         p.kill();
     }
 
-    let mut last = Projector::spawn(&run_args(&bootstrap, db.url()), LOG);
+    let mut last = Projector::spawn(&args, LOG);
     wait_until(
         "the last process to reach the end",
         &mut [&mut last],
@@ -193,14 +190,16 @@ fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
 #[test]
 fn two_processes_split_the_partitions_and_one_takes_over_when_the_other_dies() {
     let rt = runtime();
-    let broker = DevBroker::start(1, &[("fills", 6)]).expect("broker");
+    let broker = Broker::start(&[("fills", 6)]);
     let bootstrap = broker.bootstrap_servers();
+    let topic = broker.topic("fills");
     let events = fills(80, 120);
     let db = rt.block_on(TestDb::new(&projector_views::registry().expect("registry")));
+    let args = run_args(&broker, db.url());
     let mut chunks = events.chunks(240);
 
-    let mut a = Projector::spawn(&run_args(&bootstrap, db.url()), LOG);
-    let mut b = Projector::spawn(&run_args(&bootstrap, db.url()), LOG);
+    let mut a = Projector::spawn(&args, LOG);
+    let mut b = Projector::spawn(&args, LOG);
     let (a_name, b_name) = (owner_of(&a), owner_of(&b));
     // Events keep coming until both processes have committed partitions of their own.
     let mut published = 0i64;
@@ -210,7 +209,7 @@ fn two_processes_split_the_partitions_and_one_takes_over_when_the_other_dies() {
         || {
             if rt.block_on(committed(&db)).0 >= published {
                 if let Some(chunk) = chunks.next() {
-                    rt.block_on(publish(&bootstrap, "fills", chunk));
+                    rt.block_on(publish(&bootstrap, &topic, chunk));
                     published += chunk.len() as i64;
                 }
             }
@@ -226,7 +225,7 @@ fn two_processes_split_the_partitions_and_one_takes_over_when_the_other_dies() {
     // a dies without a word; b takes every partition.
     a.kill();
     for chunk in chunks {
-        rt.block_on(publish(&bootstrap, "fills", chunk));
+        rt.block_on(publish(&bootstrap, &topic, chunk));
     }
     let total = events.len() as i64;
     wait_until(

@@ -9,6 +9,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::support::broker::Broker;
 use projector_devkit::devbroker::{
     read_topic, ConsumedMessage, DevBroker, RDKafkaApiKey, RDKafkaRespErr,
 };
@@ -31,7 +32,8 @@ fn event_id(m: &ConsumedMessage) -> String {
 
 #[tokio::test]
 async fn a_bad_line_stops_the_publish_after_delivering_everything_before_it() {
-    let broker = DevBroker::start(1, &[("events", 3)]).expect("dev broker");
+    let broker = Broker::start(&[("events", 3)]);
+    let topic = broker.topic("events");
     let lines = [
         event("e1", 1, 1),
         event("e2", 2, 1),
@@ -48,7 +50,7 @@ async fn a_bad_line_stops_the_publish_after_delivering_everything_before_it() {
 
     let err = publish_lines(
         file.as_bytes(),
-        &PublishConfig::new(broker.bootstrap_servers(), "events"),
+        &PublishConfig::new(broker.bootstrap_servers(), &topic),
     )
     .await
     .expect_err("line 7 is poison");
@@ -69,7 +71,7 @@ async fn a_bad_line_stops_the_publish_after_delivering_everything_before_it() {
     assert!(!text.contains('\n'), "one line: {text}");
 
     let mut ids: Vec<String> = broker
-        .read_topic("events", READ)
+        .read_topic(&topic, READ)
         .expect("read")
         .iter()
         .map(event_id)
@@ -80,11 +82,12 @@ async fn a_bad_line_stops_the_publish_after_delivering_everything_before_it() {
 
 #[tokio::test]
 async fn republishing_appends_copies_with_the_same_keys_and_partitions() {
-    let broker = DevBroker::start(1, &[("events", 4)]).expect("dev broker");
+    let broker = Broker::start(&[("events", 4)]);
+    let topic = broker.topic("events");
     let file: String = (0..60)
         .map(|n| event(&format!("r{n}"), n % 13, n / 13 + 1) + "\n")
         .collect();
-    let config = PublishConfig::new(broker.bootstrap_servers(), "events");
+    let config = PublishConfig::new(broker.bootstrap_servers(), &topic);
 
     let first = publish_lines(file.as_bytes(), &config)
         .await
@@ -95,7 +98,7 @@ async fn republishing_appends_copies_with_the_same_keys_and_partitions() {
     assert_eq!(first.sent, 60);
     assert_eq!(first, second, "the same partitions, the same counts");
 
-    let messages = broker.read_topic("events", READ).expect("read");
+    let messages = broker.read_topic(&topic, READ).expect("read");
     assert_eq!(messages.len(), 120);
     let mut copies: BTreeMap<String, Vec<&ConsumedMessage>> = BTreeMap::new();
     for m in &messages {
@@ -203,10 +206,20 @@ async fn the_dev_broker_serves_any_client_until_sigterm() {
         .args(["dev-broker", "--partitions", "3", "--topic", "demo"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn projector dev-broker");
     let stdout = child.stdout.take().expect("stdout");
+    let stderr = child.stderr.take().expect("stderr");
+    let (err_tx, err_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if err_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
     let pid = child.id();
     let mut child = Reaper(Some(child));
 
@@ -228,6 +241,22 @@ async fn the_dev_broker_serves_any_client_until_sigterm() {
     assert!(
         bootstrap.starts_with("127.0.0.1:") || bootstrap.starts_with("localhost:"),
         "first line is the bootstrap address: {bootstrap:?}"
+    );
+
+    // Its users are told what the mock cluster needs that a real broker does not.
+    let hint = loop {
+        let line = err_rx
+            .recv_timeout(PROCESS)
+            .expect("the consumer's flags on standard error");
+        if line.contains("projector run") {
+            break line;
+        }
+    };
+    assert!(
+        hint.contains(&format!(
+            "projector run --brokers {bootstrap} --topic demo -X fetch.wait.max.ms=10"
+        )),
+        "{hint}"
     );
 
     // A client produces through the library ...
@@ -273,7 +302,8 @@ async fn the_dev_broker_serves_any_client_until_sigterm() {
 
 #[tokio::test]
 async fn the_cli_refuses_a_bad_line_with_one_line_naming_it() {
-    let broker = DevBroker::start(1, &[("events", 2)]).expect("dev broker");
+    let broker = Broker::start(&[("events", 2)]);
+    let topic = broker.topic("events");
     let path: PathBuf = std::env::temp_dir().join(format!(
         "projector-publish-bad-line-{}.jsonl",
         std::process::id()
@@ -288,7 +318,7 @@ async fn the_cli_refuses_a_bad_line_with_one_line_naming_it() {
     std::fs::write(&path, file).expect("write the input file");
 
     let mut cli = projector();
-    cli.args(["publish", "--topic", "events"])
+    cli.args(["publish", "--topic", &topic])
         .arg(&path)
         .env("KAFKA_BROKERS", broker.bootstrap_servers());
     let out = run_within(cli, b"", PROCESS);
@@ -302,7 +332,7 @@ async fn the_cli_refuses_a_bad_line_with_one_line_naming_it() {
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
 
     let ids: Vec<String> = broker
-        .read_topic("events", READ)
+        .read_topic(&topic, READ)
         .expect("read")
         .iter()
         .map(event_id)

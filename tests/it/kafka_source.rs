@@ -1,12 +1,13 @@
-//! The Kafka source against librdkafka's mock cluster (a real Kafka-protocol broker in this
-//! process) and real PostgreSQL: rebalances, zombies, republishes and faults.
+//! The Kafka source against a real Kafka-protocol broker (librdkafka's mock cluster in this
+//! process, or `PROJECTOR_TEST_BROKERS`) and real PostgreSQL: rebalances, zombies and
+//! republishes.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::kafka::{add, config, publish, Progress, Tee};
+use crate::support::broker::Broker;
+use crate::support::kafka::{add, publish, Progress, Tee};
 use crate::support::{fills, rows, trail_fold, Trail};
-use projector_devkit::devbroker::DevBroker;
 use projector_engine::kafka::source::{run_view, Observer};
 use projector_engine::testkit::{EventSpec, TestDb};
 use projector_engine::{Applier, Batch, Registry, SourceOrdering};
@@ -60,12 +61,13 @@ fn spawn(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_consumers_joining_and_leaving_give_the_fold() {
     let (db, applier) = setup().await;
-    let broker = DevBroker::start(1, &[("fills", 6)]).expect("broker");
+    let broker = Broker::start(&[("fills", 6)]);
+    let topic = broker.topic("fills");
     let events = fills(200, 250);
     let stream = with_duplicates(&events, 20);
-    let ends = publish(&broker.bootstrap_servers(), "fills", &stream).await;
+    let ends = publish(&broker.bootstrap_servers(), &topic, &stream).await;
     assert!(stream.len() >= 50_000);
-    let cfg = config(&broker.bootstrap_servers(), "fills");
+    let cfg = broker.config(&topic);
     let shared = Arc::new(Progress::default());
     let total = stream.len() as i64;
 
@@ -141,21 +143,17 @@ async fn three_consumers_joining_and_leaving_give_the_fold() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn republished_events_are_dropped() {
     let (db, applier) = setup().await;
-    let broker = DevBroker::start(1, &[("fills", 3)]).expect("broker");
+    let broker = Broker::start(&[("fills", 3)]);
+    let topic = broker.topic("fills");
     let events = fills(30, 20);
-    let mut ends = publish(&broker.bootstrap_servers(), "fills", &events).await;
+    let mut ends = publish(&broker.bootstrap_servers(), &topic, &events).await;
     let progress = Arc::new(Progress::default());
-    let (stop, task) = spawn(
-        &applier,
-        &db,
-        &config(&broker.bootstrap_servers(), "fills"),
-        progress.clone(),
-    );
+    let (stop, task) = spawn(&applier, &db, &broker.config(&topic), progress.clone());
     progress.wait_for_ends(&ends, MINUTES).await;
     // The producer republishes everything: same event ids, new offsets.
     add(
         &mut ends,
-        &publish(&broker.bootstrap_servers(), "fills", &events).await,
+        &publish(&broker.bootstrap_servers(), &topic, &events).await,
     );
     progress.wait_for_ends(&ends, MINUTES).await;
     stop.cancel();
@@ -206,10 +204,11 @@ impl Observer for Stall {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zombie_cannot_commit_after_its_partition_moved() {
     let (db, applier) = setup().await;
-    let broker = DevBroker::start(1, &[("fills", 1)]).expect("broker");
+    let broker = Broker::start(&[("fills", 1)]);
+    let topic = broker.topic("fills");
     let events = fills(10, 100);
-    let ends = publish(&broker.bootstrap_servers(), "fills", &events).await;
-    let mut zombie_cfg = config(&broker.bootstrap_servers(), "fills");
+    let ends = publish(&broker.bootstrap_servers(), &topic, &events).await;
+    let mut zombie_cfg = broker.config(&topic);
     zombie_cfg.max_batch_messages = 10;
     // The stalled worker fills its queue, the poll thread blocks behind it and stops polling;
     // past max.poll.interval.ms librdkafka leaves the group and the partition moves.
@@ -228,12 +227,7 @@ async fn a_zombie_cannot_commit_after_its_partition_moved() {
     stall.stalled.notified().await;
 
     let heir_progress = Arc::new(Progress::default());
-    let (stop_heir, heir) = spawn(
-        &applier,
-        &db,
-        &config(&broker.bootstrap_servers(), "fills"),
-        heir_progress.clone(),
-    );
+    let (stop_heir, heir) = spawn(&applier, &db, &broker.config(&topic), heir_progress.clone());
     heir_progress.wait_for_ends(&ends, MINUTES).await;
 
     // The zombie wakes up and tries to apply the batch it held: fenced, nothing committed.

@@ -1,5 +1,7 @@
 //! The integration tests, in one binary so that CI links once: against real PostgreSQL (a
-//! database per test) and, for the Kafka tests, librdkafka's mock cluster.
+//! database per test) and, for the Kafka tests, librdkafka's mock cluster, or the external
+//! broker of `PROJECTOR_TEST_BROKERS` for those that need no fault injection
+//! (`support::broker`, `tests/tansu.sh`).
 
 mod bench_smoke;
 mod cli;

@@ -4,8 +4,8 @@
 use std::process::Command;
 use std::time::Duration;
 
+use crate::support::broker::Broker;
 use crate::support::process::Projector;
-use projector_devkit::devbroker::DevBroker;
 use projector_engine::testkit::TestDb;
 
 const SECRET: &str = "Sup3r-Secret-Pw";
@@ -42,8 +42,9 @@ fn json_logs_at_trace_never_hold_a_password() {
         .enable_all()
         .build()
         .expect("runtime");
-    let broker = DevBroker::start(1, &[("fills", 1)]).expect("broker");
+    let broker = Broker::start(&[("fills", 1)]);
     let bootstrap = broker.bootstrap_servers();
+    let topic = broker.topic("fills");
     let db = rt.block_on(TestDb::new(&projector_views::registry().expect("registry")));
     // The server trusts local connections: the password is sent nowhere, but it is given.
     let url = db
@@ -60,7 +61,7 @@ fn json_logs_at_trace_never_hold_a_password() {
             "--brokers",
             &bootstrap,
             "--topic",
-            "fills",
+            &topic,
             "-X",
             &sasl,
         ],
@@ -92,22 +93,19 @@ fn json_logs_at_trace_never_hold_a_password() {
         assert!(!text.contains(SECRET), "{args:?}: {text}");
     }
 
-    let mut run = Projector::spawn(
-        &[
-            "run",
-            "--brokers",
-            &bootstrap,
-            "--topic",
-            "fills",
-            "--database-url",
-            &url,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-        ],
-        "trace",
-    );
+    let mut args: Vec<String> = [
+        "run",
+        "--database-url",
+        &url,
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--log-format",
+        "json",
+    ]
+    .map(str::to_owned)
+    .into();
+    args.extend(broker.cli_flags(&topic));
+    let mut run = Projector::spawn(&args, "trace");
     run.wait_for("the endpoint", Duration::from_secs(60), |l| {
         l.contains("metrics on http://")
     });

@@ -6,10 +6,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::support::broker::Broker;
 use crate::support::kafka::{publish, publish_raw};
 use crate::support::process::{http_get as get, Projector};
 use crate::support::{fills, offsets};
-use projector_devkit::devbroker::DevBroker;
 use projector_engine::testkit::{fill, EventSpec, TestDb};
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -81,6 +81,83 @@ fn wait<T: std::fmt::Debug>(
 
 const C: &str = "portfolio_v1";
 
+/// `projector run` on portfolio, its endpoint on a free port, refreshed five times a second.
+fn run_args(broker: &Broker, url: &str) -> Vec<String> {
+    let mut args: Vec<String> = ["run", "--views", "portfolio", "--database-url", url]
+        .map(str::to_owned)
+        .into();
+    args.extend(broker.cli_flags(&broker.topic("fills")));
+    args.extend(
+        [
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--monitor-interval",
+            "200ms",
+            "--stall-after",
+            "2s",
+        ]
+        .map(str::to_owned),
+    );
+    args
+}
+
+/// The address the process says its endpoint is bound to.
+fn endpoint(p: &mut Projector) -> String {
+    let line = p.wait_for("the endpoint's address", LIMIT, |l| {
+        l.contains("metrics on http://")
+    });
+    line.split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .expect("address")
+        .to_owned()
+}
+
+/// `--metrics-addr 127.0.0.1:0` lets several processes share a host: each binds a free port
+/// and says which, and each serves its own /health there.
+#[test]
+fn two_processes_on_port_zero_each_serve_health_on_a_port_of_their_own() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let broker = Broker::start(&[("fills", 2)]);
+    let db = rt.block_on(TestDb::new(&projector_views::registry().expect("registry")));
+    rt.block_on(publish(
+        &broker.bootstrap_servers(),
+        &broker.topic("fills"),
+        &fills(4, 5),
+    ));
+    let args = run_args(&broker, db.url());
+    let mut a = Projector::spawn(&args, "warn");
+    let mut b = Projector::spawn(&args, "warn");
+    let (at_a, at_b) = (endpoint(&mut a), endpoint(&mut b));
+    let port = |addr: &str| -> u16 {
+        let port = addr.rsplit_once(':').map(|(_, p)| p);
+        port.and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("a port in {addr:?}"))
+    };
+    assert!(
+        port(&at_a) != 0 && port(&at_b) != 0,
+        "the bound ports: {at_a}, {at_b}"
+    );
+    assert_ne!(at_a, at_b, "each process has a port of its own");
+    for (addr, p) in [(&at_a, &mut a), (&at_b, &mut b)] {
+        let (code, body) = wait(
+            "the process's /health to answer healthy",
+            p,
+            || get(addr, "/health"),
+            |(code, _)| *code == 200,
+        );
+        assert!(body.contains("\"healthy\":true"), "{addr}: {code} {body}");
+    }
+    for p in [&mut a, &mut b] {
+        p.signal("TERM");
+        assert!(p.wait_exit(LIMIT).success(), "SIGTERM exits 0");
+    }
+}
+
 #[test]
 fn the_endpoint_shows_the_engines_counts_and_health_follows_progress() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -88,8 +165,9 @@ fn the_endpoint_shows_the_engines_counts_and_health_follows_progress() {
         .enable_all()
         .build()
         .expect("runtime");
-    let broker = DevBroker::start(1, &[("fills", 2)]).expect("broker");
+    let broker = Broker::start(&[("fills", 2)]);
     let bootstrap = broker.bootstrap_servers();
+    let topic = broker.topic("fills");
     let db = rt.block_on(TestDb::new(&projector_views::registry().expect("registry")));
 
     // 200 fills, 14 of them delivered twice, and 2 poison messages.
@@ -97,42 +175,15 @@ fn the_endpoint_shows_the_engines_counts_and_health_follows_progress() {
     let again: Vec<EventSpec> = events.iter().step_by(15).cloned().collect();
     let mut published = 0i64;
     for part in [&events, &again] {
-        rt.block_on(publish(&bootstrap, "fills", part));
+        rt.block_on(publish(&bootstrap, &topic, part));
         published += part.len() as i64;
     }
     let poison = vec![(Some(b"5".to_vec()), b"{not json".to_vec()); 2];
-    rt.block_on(publish_raw(&bootstrap, "fills", &poison));
+    rt.block_on(publish_raw(&bootstrap, &topic, &poison));
     published += 2;
 
-    let mut p = Projector::spawn(
-        &[
-            "run",
-            "--brokers",
-            &bootstrap,
-            "--topic",
-            "fills",
-            "--views",
-            "portfolio",
-            "--database-url",
-            db.url(),
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--monitor-interval",
-            "200ms",
-            "--stall-after",
-            "2s",
-        ],
-        "warn",
-    );
-    let line = p.wait_for("the endpoint's address", LIMIT, |l| {
-        l.contains("metrics on http://")
-    });
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .expect("address")
-        .to_owned();
+    let mut p = Projector::spawn(&run_args(&broker, db.url()), "warn");
+    let addr = endpoint(&mut p);
 
     // Caught up: every message committed in PostgreSQL.
     let counted = wait(
@@ -226,7 +277,7 @@ fn the_endpoint_shows_the_engines_counts_and_health_follows_progress() {
             )
         })
         .collect();
-    let landed = rt.block_on(publish(&bootstrap, "fills", &more));
+    let landed = rt.block_on(publish(&bootstrap, &topic, &more));
     let (code, body) = wait(
         "/health to page",
         &mut p,
@@ -234,15 +285,30 @@ fn the_endpoint_shows_the_engines_counts_and_health_follows_progress() {
         |(c, _)| *c == 503,
     );
     assert!(body.contains("\"kind\":\"stalled\""), "{body}");
-    let samples = parse(&get(&addr, "/metrics").1);
-    for (partition, n) in &landed {
+    // The page may come from a snapshot taken while the last of them were still being sent
+    // (they wait 2 s from the first): the gauges show every one of them at the latest in the
+    // snapshot after.
+    let lag_of = |samples: &[Sample], partition: &i32| {
         let label = partition.to_string();
+        sum(
+            samples,
+            "projector_lag_messages",
+            &[("consumer", C), ("partition", &label)],
+        )
+    };
+    let samples = wait(
+        "the lag gauges to show the new events",
+        &mut p,
+        || parse(&get(&addr, "/metrics").1),
+        |s| {
+            landed
+                .iter()
+                .all(|(partition, n)| lag_of(&s[..], partition) >= Some(*n as i64))
+        },
+    );
+    for (partition, n) in &landed {
         assert_eq!(
-            sum(
-                &samples,
-                "projector_lag_messages",
-                &[("consumer", C), ("partition", &label)]
-            ),
+            lag_of(&samples[..], partition),
             Some(*n as i64),
             "partition {partition}"
         );

@@ -1,4 +1,5 @@
-//! `projector status` and the health rule against real PostgreSQL and the mock cluster: lag
+//! `projector status` and the health rule against real PostgreSQL and a Kafka-protocol broker (the mock cluster, or
+//! `PROJECTOR_TEST_BROKERS`): lag
 //! in offsets and seconds from the broker's watermarks and message times (the offsets the
 //! engine stores in PostgreSQL, no Kafka-side commits at all), counters, dead letters, parked
 //! accounts, and what pages and what does not.
@@ -6,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::broker::Broker;
 use crate::support::process::run_to_end;
 use crate::support::Trail;
-use projector_devkit::devbroker::DevBroker;
 use projector_engine::kafka::source::KafkaConfig;
 use projector_engine::ops::{
     collect, HealthRule, ProblemKind, Severity, StatusOptions, TopicProbe,
@@ -63,8 +64,9 @@ const HOUR_MS: i64 = 3_600_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_lag_counters_parks_and_judges_health() {
-    let broker = DevBroker::start(1, &[("fills", 2)]).expect("broker");
+    let broker = Broker::start(&[("fills", 2)]);
     let bootstrap = broker.bootstrap_servers();
+    let topic = broker.topic("fills");
     let registry = Registry::new().register(Trail::new(1)).expect("registry");
     let db = TestDb::new(&registry).await;
     let at = "2026-11-29T10:15:00Z";
@@ -72,7 +74,7 @@ async fn status_shows_lag_counters_parks_and_judges_health() {
 
     // Partition 0: applied up to offset 5 (a duplicate, a poison message, a gap that parks
     // account 1), then 5 messages nobody consumed, all produced an hour ago.
-    let mut p0 = Partition::new("fills", 0);
+    let mut p0 = Partition::new(&topic, 0);
     p0.push_event(&f(1, 1));
     p0.push_event(&f(1, 1));
     p0.push_raw(Some(b"7".to_vec()), b"not json".to_vec());
@@ -82,7 +84,7 @@ async fn status_shows_lag_counters_parks_and_judges_health() {
         p0.push_event(&f(2, seq));
     }
     // Partition 1: two fresh messages, never consumed, never committed.
-    let p1 = Partition::from_events("fills", 1, &[f(3, 1), f(3, 2)]);
+    let p1 = Partition::from_events(&topic, 1, &[f(3, 1), f(3, 2)]);
     let now_ms = chrono::Utc::now().timestamp_millis();
     publish_log(&bootstrap, &p0, now_ms - HOUR_MS).await;
     publish_log(&bootstrap, &p1, now_ms).await;
@@ -95,7 +97,7 @@ async fn status_shows_lag_counters_parks_and_judges_health() {
         .await
         .expect("apply");
 
-    let kafka = KafkaConfig::new(bootstrap.clone(), "fills");
+    let kafka = broker.config(&topic);
     let probe = Arc::new(TopicProbe::connect(&kafka, Duration::from_secs(5)).expect("probe"));
     let rule = Duration::from_secs(120);
     let status = collect(db.pool(), &probe, &options(rule))
@@ -192,7 +194,7 @@ async fn status_shows_lag_counters_parks_and_judges_health() {
             "--brokers".to_owned(),
             bootstrap.clone(),
             "--topic".to_owned(),
-            "fills".to_owned(),
+            topic.clone(),
             "--sample".to_owned(),
             "0s".to_owned(),
         ];

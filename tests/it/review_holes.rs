@@ -334,9 +334,9 @@ async fn hole_c_a_writer_that_waited_for_the_account_sees_the_park_made_meanwhil
 // Kafka source helpers.
 
 mod kafka {
-    pub use crate::support::kafka::{add, config, publish, Progress};
+    pub use crate::support::broker::Broker;
+    pub use crate::support::kafka::{add, publish, Progress};
     pub use deadpool_postgres::{Client, Pool};
-    pub use projector_devkit::devbroker::DevBroker;
     pub use projector_engine::db;
     pub use projector_engine::kafka::source::{run_view, KafkaConfig, Observer, SourceError};
     pub use std::time::Duration;
@@ -451,15 +451,16 @@ async fn hole_d_a_shutdown_finishes_while_a_full_worker_cannot_commit() {
     use kafka::*;
     let (db, applier) = trail_db().await;
     let applier = Arc::new(applier);
-    let broker = DevBroker::start(1, &[("fills", 1)]).expect("broker");
+    let broker = Broker::start(&[("fills", 1)]);
+    let topic = broker.topic("fills");
     let bootstrap = broker.bootstrap_servers();
     let events = crate::support::fills(10, 200);
     let (first, later) = events.split_at(50);
-    let ends = publish(&bootstrap, "fills", first).await;
+    let ends = publish(&bootstrap, &topic, first).await;
 
     let url = crate::support::with_options(db.url(), &[("statement_timeout", "500")]);
     let pool = db::pool(&url, 4).expect("engine pool");
-    let mut cfg = config(&bootstrap, "fills");
+    let mut cfg = broker.config(&topic);
     cfg.attempt_timeout = Duration::from_secs(3);
     let progress = Arc::new(Progress::default());
     let (stop, task) = spawn_view(&applier, &pool, &cfg, progress.clone());
@@ -468,7 +469,7 @@ async fn hole_d_a_shutdown_finishes_while_a_full_worker_cannot_commit() {
     // The database refuses every batch from now on (here: a lock; an outage does the same).
     let locker = Locker::lock(&db, "trail_v1").await;
     // 1950 messages of lag: more than the worker's channel holds (2 x 250).
-    publish(&bootstrap, "fills", later).await;
+    publish(&bootstrap, &topic, later).await;
     let admin = db.client().await;
     wait_for_lock_waiters(&admin, db.name()).await;
     // Let the poll thread fill the channel.
@@ -525,14 +526,15 @@ async fn hole_e_a_long_park_drains_without_wedging_the_partition() {
     let db = TestDb::new(&registry).await;
     let applier =
         Arc::new(Applier::new(Arc::new(view), SourceOrdering::PerAccount).expect("applier"));
-    let broker = DevBroker::start(1, &[("fills", 1)]).expect("broker");
+    let broker = Broker::start(&[("fills", 1)]);
+    let topic = broker.topic("fills");
     let bootstrap = broker.bootstrap_servers();
     let n: i64 = 20_000;
     let mut events = vec![f(1, 1, "0.0001")];
     events.extend((3..=n).map(|seq| f(1, seq, "0.0001")));
-    let ends = publish(&bootstrap, "fills", &events).await;
+    let ends = publish(&bootstrap, &topic, &events).await;
 
-    let mut cfg = config(&bootstrap, "fills");
+    let mut cfg = broker.config(&topic);
     cfg.max_batch_messages = 2000;
     cfg.attempt_timeout = Duration::from_secs(3);
     let progress = Arc::new(Progress::default());
@@ -550,7 +552,7 @@ async fn hole_e_a_long_park_drains_without_wedging_the_partition() {
     let mut ends = ends;
     add(
         &mut ends,
-        &publish(&bootstrap, "fills", &[f(1, 2, "0.0001")]).await,
+        &publish(&bootstrap, &topic, &[f(1, 2, "0.0001")]).await,
     );
     let drained = tokio::time::timeout(
         Duration::from_secs(60),

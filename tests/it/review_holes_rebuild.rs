@@ -26,9 +26,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::kafka::{config, publish};
+use crate::support::broker::Broker;
+use crate::support::kafka::publish;
 use crate::support::{fills, within};
-use projector_devkit::devbroker::DevBroker;
 use projector_engine::kafka::source::NoObserver;
 use projector_engine::kafka::supervisor::{run_live, LiveOptions};
 use projector_engine::testkit::{consume, fill, EventSpec, Partition, TestDb};
@@ -75,12 +75,12 @@ async fn text(db: &TestDb, sql: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hole_r1_a_cancelled_rebuild_cannot_be_cut_over_and_the_cancel_never_drops_a_live_version()
 {
-    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
-    let bootstrap = broker.bootstrap_servers();
+    let broker = Broker::start(&[(TOPIC, 2)]);
+    let kafka = broker.kafka();
     let registry = views();
     let db = Arc::new(TestDb::new(&registry).await);
     let events = fills(5, 4);
-    publish(&bootstrap, TOPIC, &events).await;
+    publish(&kafka, &kafka.topic(TOPIC), &events).await;
 
     // The rebuild looks at the registry once, then not for a minute: the cancel lands
     // between two looks.
@@ -90,9 +90,9 @@ async fn hole_r1_a_cancelled_rebuild_cannot_be_cut_over_and_the_cancel_never_dro
     options.tick = Duration::from_secs(60);
     let stop_rebuild = CancellationToken::new();
     let running = {
-        let (db, bootstrap, options, stop) = (
+        let (db, kafka, options, stop) = (
             db.clone(),
-            bootstrap.clone(),
+            kafka.clone(),
             options.clone(),
             stop_rebuild.clone(),
         );
@@ -100,7 +100,7 @@ async fn hole_r1_a_cancelled_rebuild_cannot_be_cut_over_and_the_cancel_never_dro
             projector_rebuild::rebuild(
                 &views(),
                 db.url(),
-                config(&bootstrap, TOPIC),
+                kafka.config(&kafka.topic(TOPIC)),
                 &options,
                 &Silent,
                 stop,
@@ -194,15 +194,15 @@ async fn lock_holder(db: &TestDb, consumer: &str) -> Option<i32> {
 /// the version in flight committed offsets and progress after the drop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hole_r2_the_live_service_holds_its_running_locks_again_after_losing_their_session() {
-    let broker = DevBroker::start(1, &[(TOPIC, 1)]).expect("broker");
-    let bootstrap = broker.bootstrap_servers();
+    let broker = Broker::start(&[(TOPIC, 1)]);
+    let kafka = broker.kafka();
     let registry = views();
     let db = TestDb::new(&registry).await;
     let stop = CancellationToken::new();
     let live = tokio::spawn(run_live(
         registry.clone(),
         db.pool().clone(),
-        config(&bootstrap, TOPIC),
+        kafka.config(&kafka.topic(TOPIC)),
         Arc::new(NoObserver),
         stop.clone(),
         LiveOptions {
@@ -476,8 +476,8 @@ async fn hole_r5_a_skip_is_refused_for_an_account_that_is_not_parked_at_that_seq
 /// offsets and progress outlived the drop for a rebuild into the same number to resume from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hole_r6_a_rebuild_holds_its_running_lock_again_after_losing_its_session() {
-    let broker = DevBroker::start(1, &[(TOPIC, 1)]).expect("broker");
-    let bootstrap = broker.bootstrap_servers();
+    let broker = Broker::start(&[(TOPIC, 1)]);
+    let kafka = broker.kafka();
     let registry = views();
     let db = Arc::new(TestDb::new(&registry).await);
     let mut options = Options::new("portfolio");
@@ -486,13 +486,12 @@ async fn hole_r6_a_rebuild_holds_its_running_lock_again_after_losing_its_session
     options.tick = Duration::from_millis(100);
     let stop = CancellationToken::new();
     let running = {
-        let (db, bootstrap, options, stop) =
-            (db.clone(), bootstrap.clone(), options.clone(), stop.clone());
+        let (db, kafka, options, stop) = (db.clone(), kafka.clone(), options.clone(), stop.clone());
         tokio::spawn(async move {
             projector_rebuild::rebuild(
                 &views(),
                 db.url(),
-                config(&bootstrap, TOPIC),
+                kafka.config(&kafka.topic(TOPIC)),
                 &options,
                 &Silent,
                 stop,
@@ -664,8 +663,8 @@ async fn hole_r7b_the_drain_after_a_gap_is_filled_reaches_the_end_of_the_queue()
 /// same command resumes it, paused, from seeding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hole_r8_a_pause_during_the_snapshot_does_not_cancel_the_rebuild() {
-    let broker = DevBroker::start(1, &[(TOPIC, 1)]).expect("broker");
-    let bootstrap = broker.bootstrap_servers();
+    let broker = Broker::start(&[(TOPIC, 1)]);
+    let kafka = broker.kafka();
     let registry = views();
     let db = Arc::new(TestDb::new(&registry).await);
     // The write side's tables the snapshot reads (docs/views.md), one account.
@@ -689,12 +688,12 @@ async fn hole_r8_a_pause_during_the_snapshot_does_not_cancel_the_rebuild() {
     let mut options = Options::new("portfolio");
     options.tick = Duration::from_millis(100);
     let running = {
-        let (db, bootstrap, options) = (db.clone(), bootstrap.clone(), options.clone());
+        let (db, kafka, options) = (db.clone(), kafka.clone(), options.clone());
         tokio::spawn(async move {
             projector_rebuild::rebuild(
                 &views(),
                 db.url(),
-                config(&bootstrap, TOPIC),
+                kafka.config(&kafka.topic(TOPIC)),
                 &options,
                 &Silent,
                 CancellationToken::new(),

@@ -10,8 +10,9 @@ use std::process::Command as Process;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::broker::Broker;
 use deadpool_postgres::Pool;
-use projector_devkit::devbroker::{read_topic, ConsumedMessage, DevBroker};
+use projector_devkit::devbroker::ConsumedMessage;
 use projector_devkit::partitioner::partition_for_account;
 use projector_devkit::writeside::{
     Command, LoadConfig, Order, Outcome, RelayConfig, RelayExit, Report, Side, WriteSide,
@@ -398,7 +399,7 @@ async fn a_fill_is_busted_once_and_the_bust_reverses_it() {
 /// and returns the report and the topic read back.
 async fn simulate(
     write_side: &WriteSide,
-    broker: &DevBroker,
+    broker: &Broker,
     topic: &str,
     load: LoadConfig,
     crash_percent: u8,
@@ -421,9 +422,9 @@ async fn simulate(
     drain.cancel();
     let exit = relaying.await.expect("relay task").expect("relay");
     assert_eq!(exit, RelayExit::Drained);
-    let bootstrap = broker.bootstrap_servers();
+    let kafka = broker.kafka();
     let topic = topic.to_owned();
-    let messages = tokio::task::spawn_blocking(move || read_topic(&bootstrap, &topic, READ))
+    let messages = tokio::task::spawn_blocking(move || kafka.read_topic(&topic, READ))
         .await
         .expect("reader")
         .expect("read the topic");
@@ -444,13 +445,14 @@ async fn relay_crashes_republish_at_new_offsets_and_never_reorder_an_account() {
     const PARTITIONS: i32 = 3;
     let db = TestDb::new(&Registry::new()).await;
     let write_side = WriteSide::new(pool(&db, 20)).await.expect("write side");
-    let broker = DevBroker::start(1, &[("trades", PARTITIONS)]).expect("broker");
+    let broker = Broker::start(&[("trades", PARTITIONS)]);
+    let topic = broker.topic("trades");
     let load = LoadConfig {
         max_requests: Some(1200),
         seed: 11,
         ..LoadConfig::new(30)
     };
-    let (report, messages) = simulate(&write_side, &broker, "trades", load, 25).await;
+    let (report, messages) = simulate(&write_side, &broker, &topic, load, 25).await;
 
     assert_eq!(report.relay_errors, 0, "{report:?}");
     assert!(
@@ -545,7 +547,8 @@ async fn relay_crashes_republish_at_new_offsets_and_never_reorder_an_account() {
 async fn two_relays_take_turns_and_publish_each_row_once() {
     let db = TestDb::new(&Registry::new()).await;
     let write_side = WriteSide::new(pool(&db, 12)).await.expect("write side");
-    let broker = DevBroker::start(1, &[("trades", 2)]).expect("broker");
+    let broker = Broker::start(&[("trades", 2)]);
+    let topic = broker.topic("trades");
     let load = LoadConfig {
         max_requests: Some(300),
         ..LoadConfig::new(10)
@@ -565,7 +568,7 @@ async fn two_relays_take_turns_and_publish_each_row_once() {
             let relay = write_side.relay(RelayConfig {
                 batch_size: 10,
                 seed: i,
-                ..RelayConfig::new(broker.bootstrap_servers(), "trades")
+                ..RelayConfig::new(broker.bootstrap_servers(), &topic)
             });
             let drain = drain.clone();
             tokio::spawn(async move { relay.run(drain, CancellationToken::new()).await })
@@ -574,8 +577,8 @@ async fn two_relays_take_turns_and_publish_each_row_once() {
     for r in relays {
         assert_eq!(r.await.expect("task").expect("relay"), RelayExit::Drained);
     }
-    let bootstrap = broker.bootstrap_servers();
-    let messages = tokio::task::spawn_blocking(move || read_topic(&bootstrap, "trades", READ))
+    let kafka = broker.kafka();
+    let messages = tokio::task::spawn_blocking(move || kafka.read_topic(&topic, READ))
         .await
         .expect("reader")
         .expect("read");
@@ -652,7 +655,8 @@ async fn positions_reconcile_with_the_views_fed_the_relayed_topic() {
     }
     let db = TestDb::new(&registry).await;
     let write_side = WriteSide::new(pool(&db, 20)).await.expect("write side");
-    let broker = DevBroker::start(1, &[("trades", 4)]).expect("broker");
+    let broker = Broker::start(&[("trades", 4)]);
+    let topic = broker.topic("trades");
     let load = LoadConfig {
         max_requests: Some(3000),
         seed: 5,
@@ -660,7 +664,7 @@ async fn positions_reconcile_with_the_views_fed_the_relayed_topic() {
         close_percent: 15,
         ..LoadConfig::new(60)
     };
-    let (report, messages) = simulate(&write_side, &broker, "trades", load, 10).await;
+    let (report, messages) = simulate(&write_side, &broker, &topic, load, 10).await;
     assert!(report.events() >= 2900 && report.busts > 50, "{report:?}");
     assert!(report.redeliveries_injected > 0, "{report:?}");
 
@@ -814,14 +818,15 @@ fn figure(report: &str, line: &str, name: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn simulate_runs_end_to_end_and_refuses_bad_arguments_in_one_line() {
     let db = TestDb::new(&Registry::new()).await;
-    let broker = DevBroker::start(1, &[("trades", 4)]).expect("broker");
+    let broker = Broker::start(&[("trades", 4)]);
+    let topic = broker.topic("trades");
     let brokers = broker.bootstrap_servers();
     let args: Vec<String> = [
         "simulate",
         "--brokers",
         &brokers,
         "--topic",
-        "trades",
+        &topic,
         "--accounts",
         "20",
         "--rate",
@@ -888,7 +893,8 @@ async fn simulate_runs_end_to_end_and_refuses_bad_arguments_in_one_line() {
         "{stdout}"
     );
 
-    let topic = tokio::task::spawn_blocking(move || read_topic(&brokers, "trades", READ))
+    let kafka = broker.kafka();
+    let topic = tokio::task::spawn_blocking(move || kafka.read_topic(&topic, READ))
         .await
         .expect("reader")
         .expect("read");

@@ -140,13 +140,13 @@ impl KafkaConfig {
             .set("partition.assignment.strategy", "cooperative-sticky")
             // Events of aborted transactions never reach a view.
             .set("isolation.level", "read_committed")
-            // How long a broker may hold a fetch that finds no data. A real broker answers as
-            // soon as data arrives (fetch.min.bytes=1), so this only sets how often an idle
-            // consumer asks (about 100 times a second per broker). librdkafka's mock cluster,
-            // the dev broker, holds an empty fetch for the whole wait even when data arrives
-            // meanwhile: at librdkafka's default of 500 ms that alone added about 250 ms to
-            // every event's latency. `-X fetch.wait.max.ms=...` overrides it.
-            .set("fetch.wait.max.ms", "10")
+            // `fetch.wait.max.ms` stays librdkafka's (500 ms): a real broker answers a held
+            // fetch as soon as data arrives (fetch.min.bytes=1), so the wait only sets how
+            // often an idle consumer asks, twice a second per broker. A short wait is for
+            // brokers that hold an empty fetch: librdkafka's mock cluster (the dev broker)
+            // holds it for the whole wait even when data arrives meanwhile, about 250 ms of
+            // every event's latency at 500 ms, so its users pass `-X fetch.wait.max.ms=10`
+            // (`projector_devkit::devbroker::CONSUMER_PROPERTIES`). See docs/kafka.md.
             .set_log_level(RDKafkaLogLevel::Warning);
         if let Some(id) = &self.instance_id {
             c.set("group.instance.id", id);

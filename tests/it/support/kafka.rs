@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use projector_devkit::devbroker::CONSUMER_PROPERTIES;
 use projector_devkit::publish::{publish_lines, PublishConfig};
 use projector_engine::kafka::source::Observer;
 use projector_engine::testkit::EventSpec;
@@ -21,9 +22,9 @@ pub async fn publish(bootstrap: &str, topic: &str, events: &[EventSpec]) -> BTre
         lines.extend_from_slice(&e.payload());
         lines.push(b'\n');
     }
-    let report = publish_lines(&lines[..], &PublishConfig::new(bootstrap, topic))
-        .await
-        .expect("publish");
+    let mut config = PublishConfig::new(bootstrap, topic);
+    config.properties = super::broker::producer_properties();
+    let report = publish_lines(&lines[..], &config).await.expect("publish");
     assert_eq!(report.sent, events.len() as u64);
     report.partitions
 }
@@ -35,13 +36,16 @@ pub type Raw = (Option<Vec<u8>>, Vec<u8>);
 /// Java client's partitioner, idempotence, acks=all) but none of its checks, so poison
 /// reaches the topic. Returns where each message landed: (partition, offset).
 pub async fn publish_raw(bootstrap: &str, topic: &str, messages: &[Raw]) -> Vec<(i32, i64)> {
-    let producer: FutureProducer = ClientConfig::new()
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", bootstrap)
         .set("partitioner", "murmur2_random")
         .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .create()
-        .expect("producer");
+        .set("acks", "all");
+    for (k, v) in super::broker::producer_properties() {
+        config.set(k, v);
+    }
+    let producer: FutureProducer = config.create().expect("producer");
     let mut deliveries = Vec::with_capacity(messages.len());
     for (key, payload) in messages {
         let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(&payload[..]);
@@ -202,14 +206,25 @@ impl Observer for Tee {
     }
 }
 
-/// A consumer configuration for tests: short session timeouts so that rebalances after a
-/// consumer leaves or dies take seconds, and small batches so that they happen mid-stream.
+/// Short sessions: a member that leaves or dies is out of its group in seconds, and on
+/// tansu, whose first join of a group takes about half the session timeout, a group forms in
+/// about 2 s instead of 23.
+pub const SESSION_PROPERTIES: &[(&str, &str)] = &[
+    ("session.timeout.ms", "3000"),
+    ("heartbeat.interval.ms", "300"),
+];
+
+/// A consumer configuration for tests on the dev broker: short sessions
+/// ([`SESSION_PROPERTIES`]), what the mock needs ([`CONSUMER_PROPERTIES`]), and small batches
+/// so that rebalances happen mid-stream. [`super::broker::Kafka::config`] is the same for
+/// any broker.
 pub fn config(bootstrap: &str, topic: &str) -> projector_engine::kafka::source::KafkaConfig {
     let mut c = projector_engine::kafka::source::KafkaConfig::new(bootstrap, topic);
-    c.properties = vec![
-        ("session.timeout.ms".to_owned(), "3000".to_owned()),
-        ("heartbeat.interval.ms".to_owned(), "300".to_owned()),
-    ];
+    c.properties = SESSION_PROPERTIES
+        .iter()
+        .chain(CONSUMER_PROPERTIES)
+        .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
     c.max_batch_messages = 250;
     c
 }

@@ -1,6 +1,7 @@
 //! Shared by the integration tests: a small order-sensitive view and event generators.
 #![allow(dead_code)]
 
+pub mod broker;
 pub mod kafka;
 pub mod process;
 pub mod proxy;

@@ -2,6 +2,7 @@
 //! PostgreSQL (committed offsets, who committed them); its log lines are kept only to show
 //! when a test fails.
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -17,7 +18,7 @@ pub struct Projector {
 
 impl Projector {
     /// Starts `projector <args>` with `PROJECTOR_LOG` set to `log`.
-    pub fn spawn(args: &[&str], log: &str) -> Self {
+    pub fn spawn<S: AsRef<OsStr>>(args: &[S], log: &str) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_projector"))
             .args(args)
             .env("PROJECTOR_LOG", log)
@@ -145,7 +146,7 @@ impl Drop for Projector {
 }
 
 /// Runs `projector <args>` to completion and returns (status, stderr).
-pub fn run_to_end(args: &[&str]) -> (ExitStatus, String) {
+pub fn run_to_end<S: AsRef<OsStr>>(args: &[S]) -> (ExitStatus, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_projector"))
         .args(args)
         .env("NO_COLOR", "1")
@@ -177,7 +178,7 @@ impl Output {
 }
 
 /// Runs `projector <args>` to completion and returns its status and both outputs.
-pub fn run_output(args: &[&str]) -> Output {
+pub fn run_output<S: AsRef<OsStr>>(args: &[S]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_projector"))
         .args(args)
         .env("NO_COLOR", "1")
