@@ -25,6 +25,7 @@ mod kafka_process;
 mod kafka_publish;
 mod kafka_source;
 mod kafka_supervisor;
+mod nothing_left_out;
 mod ops_logs;
 mod ops_metrics;
 mod ops_prune;
