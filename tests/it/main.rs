@@ -48,6 +48,7 @@ mod review_round3;
 mod review_round4;
 mod review_round5;
 mod support;
+mod version_code_adoption;
 mod views_conformance;
 mod views_golden;
 mod writeside;
