@@ -36,6 +36,7 @@ mod ops_retry_into_waiting;
 mod ops_status;
 mod rebuild;
 mod rebuild_notices;
+mod rebuild_tail_blocked;
 mod review_borrowed_passes;
 mod review_fast_inbox;
 mod review_fast_inbox_unordered;
