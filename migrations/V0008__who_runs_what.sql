@@ -14,8 +14,14 @@ ALTER TABLE projector.views ADD COLUMN fingerprint text;
 -- every process's `/health` read which process consumes, fails to start or skips which
 -- version. A process that died keeps its row until its heartbeat is old; readers ignore it
 -- then, and the next process to start deletes rows not seen for a day.
+--
+-- Keyed by a random id of each run, not by the process's name (`--instance-id`, else
+-- host:pid): two processes may share a name (one config file for deployments that split
+-- --views; pid 1 in containers on the host's network), and neither may erase the other's
+-- reports.
 CREATE TABLE projector.processes (
-    instance   text        PRIMARY KEY,
+    run_id     text        PRIMARY KEY,
+    instance   text        NOT NULL,
     started_at timestamptz NOT NULL DEFAULT now(),
     seen_at    timestamptz NOT NULL DEFAULT now(),
     -- How often the process beats: a reader counts it gone after a few missed beats.
@@ -29,11 +35,11 @@ CREATE TABLE projector.processes (
 --   skipped:   this process's code for the version is not the code that registered it, or
 --              it has none; it never consumes or repairs the version
 CREATE TABLE projector.process_views (
-    instance text        NOT NULL REFERENCES projector.processes ON DELETE CASCADE,
+    run_id   text        NOT NULL REFERENCES projector.processes ON DELETE CASCADE,
     consumer text        NOT NULL,
     state    text        NOT NULL CHECK (state IN ('starting', 'consuming', 'failing', 'skipped')),
     since    timestamptz NOT NULL,
     attempts integer     NOT NULL DEFAULT 0,
     detail   text,
-    PRIMARY KEY (instance, consumer)
+    PRIMARY KEY (run_id, consumer)
 );

@@ -57,15 +57,33 @@ pub async fn run(
         .into_iter()
         .collect();
     tracing::info!(views = ?names, topic = %config.kafka.topic, "starting");
+    // What the supervisor runs, handed to the monitor too: this process's health judges what
+    // it knows now, whether or not its heartbeat reaches PostgreSQL.
+    let local = projector_engine::processes::Local::new(
+        config
+            .kafka
+            .instance_id
+            .clone()
+            .unwrap_or_else(projector_engine::processes::default_instance),
+    );
     let monitoring = match endpoint {
-        Some((listener, handle)) => {
-            Some(start_monitoring(listener, handle, &config, &names, shutdown.clone()).await?)
-        }
+        Some((listener, handle)) => Some(
+            start_monitoring(
+                listener,
+                handle,
+                &config,
+                &names,
+                local.clone(),
+                shutdown.clone(),
+            )
+            .await?,
+        ),
         None => None,
     };
     let options = LiveOptions {
         names,
         owner: config.kafka.instance_id.clone(),
+        local: Some(local),
         ..LiveOptions::default()
     };
     // Kafka with key = account id delivers each account's events in order through one
@@ -124,6 +142,7 @@ async fn start_monitoring(
     handle: metrics_exporter_prometheus::PrometheusHandle,
     config: &crate::config::Resolved,
     names: &[String],
+    local: projector_engine::processes::Local,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Monitoring> {
     use projector_engine::ops::monitor::{run_monitor, Assessment, MonitorOptions};
@@ -147,6 +166,7 @@ async fn start_monitoring(
             },
             parked_limit: 10,
             sample: None,
+            local: Some(local),
         },
         interval: config.monitor_interval,
         timeout: std::time::Duration::from_secs(30).max(config.monitor_interval),

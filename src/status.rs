@@ -72,6 +72,7 @@ pub async fn run(args: Args, database_url: Option<String>) -> anyhow::Result<boo
         },
         parked_limit: args.parked,
         sample: (!args.sample.is_zero()).then_some(args.sample),
+        local: None,
     };
     let status = collect(&pool, &probe, &options).await?;
     if args.json {

@@ -13,6 +13,11 @@
 //! it, never consumes or repairs it, and says so in one line naming the view, the version and
 //! both fingerprints ([`check`]).
 //!
+//! A version registered before fingerprints existed has none. Only `migrate` records one for
+//! it, and only from code registered for that very version (never from another version's code
+//! built at it): every other path leaves such a version alone until the binary that made it
+//! migrates.
+//!
 //! A change that keeps a version's results (a faster statement, say) declares the
 //! fingerprints it replaces ([`Projection::replaces`]), so upgrading the binary keeps the
 //! version running; a change of results is a new version, built by `projector rebuild`.
@@ -30,8 +35,9 @@ use crate::projection::{render, Field, Projection};
 const DIGITS: usize = 16;
 
 /// The fingerprint of a view version's code: a hash of its name, version, subscribed types,
-/// fields, dedup mode, ordering, DDL and every statement (apply, read, notices, snapshot),
-/// rendered for its version.
+/// fields, dedup mode, ordering, tables, DDL and every statement (apply, read, notices,
+/// snapshot), rendered for its version, with line ends normalised (a checkout with CRLF line
+/// ends is the same code).
 pub fn of(projection: &dyn Projection) -> String {
     let mut text = String::from("projector view fingerprint 1\n");
     let mut field = |key: &str, value: &str| {
@@ -63,7 +69,8 @@ pub fn of(projection: &dyn Projection) -> String {
         "many_per_account",
         &projection.many_per_account().to_string(),
     );
-    let sql = |s: &str| render(projection, s);
+    let sql = |s: &str| render(projection, s).replace("\r\n", "\n");
+    field("tables", &sql(&projection.tables().join(",")));
     field("ddl", &sql(&projection.ddl()));
     let apply = projection.apply_sql();
     field("ctes", &sql(&apply.ctes));
@@ -101,8 +108,8 @@ pub enum Verdict {
         /// The fingerprint the registry row holds.
         recorded: String,
     },
-    /// The version was registered before fingerprints were recorded: this code's fingerprint
-    /// is recorded now, and from now on it is the version's code.
+    /// The version was registered before fingerprints were recorded, and `migrate` records
+    /// this code's fingerprint for it now ([`judge`] only; [`check`] refuses such a version).
     Adopted,
     /// No registry row for the version.
     Unregistered,
@@ -123,6 +130,15 @@ pub enum CodeError {
         ours: String,
         /// The registry row's.
         recorded: String,
+    },
+    /// The version was registered before fingerprints existed and no `migrate` has recorded
+    /// its code yet.
+    #[error("{name} v{version} was registered before code fingerprints were recorded, and no migrate has recorded its code yet; left alone: run `projector migrate` with the binary that registered it")]
+    Unrecorded {
+        /// The view.
+        name: String,
+        /// The version.
+        version: i32,
     },
     /// The registry could not be read.
     #[error("{consumer}: while checking its code against the registry: {source}")]
@@ -158,26 +174,18 @@ pub fn judge(projection: &dyn Projection, recorded: Option<&str>) -> Result<Verd
     })
 }
 
-/// Records this code's fingerprint on a version registered before fingerprints existed, and
-/// reads the row's fingerprint as it stood before (`NULL`: there was none, so this code's is
-/// recorded now). No row: the version is not registered.
-const ADOPT: &str = "WITH adopted AS ( \
-         UPDATE projector.views SET fingerprint = $3 \
-         WHERE name = $1 AND version = $2 AND fingerprint IS NULL RETURNING 1) \
-     SELECT fingerprint, EXISTS (SELECT 1 FROM adopted) FROM projector.views \
-     WHERE name = $1 AND version = $2";
+/// The fingerprint a version's registry row records (`NULL`: none yet); no row: the version
+/// is not registered. A read, never an update: recording one is `migrate`'s.
+const RECORDED: &str = "SELECT fingerprint FROM projector.views WHERE name = $1 AND version = $2";
 
 /// Checks this process's code for a version against the fingerprint its registry row
-/// records, adopting this code for a version registered before fingerprints existed.
+/// records. A version with none recorded yet is refused ([`CodeError::Unrecorded`]).
 pub async fn check(
     client: &impl deadpool_postgres::GenericClient,
     projection: &dyn Projection,
 ) -> Result<Verdict, CodeError> {
     let row = client
-        .query_opt(
-            ADOPT,
-            &[&projection.name(), &projection.version(), &of(projection)],
-        )
+        .query_opt(RECORDED, &[&projection.name(), &projection.version()])
         .await
         .map_err(|source| CodeError::Database {
             consumer: projection.consumer(),
@@ -187,7 +195,13 @@ pub async fn check(
         return Ok(Verdict::Unregistered);
     };
     let recorded: Option<String> = row.get(0);
-    judge(projection, recorded.as_deref())
+    match recorded {
+        Some(recorded) => judge(projection, Some(&recorded)),
+        None => Err(CodeError::Unrecorded {
+            name: projection.name().to_owned(),
+            version: projection.version(),
+        }),
+    }
 }
 
 #[cfg(test)]

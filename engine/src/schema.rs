@@ -161,7 +161,9 @@ async fn migrate_locked(
 /// yet, `building` otherwise (a rebuild fills it and cuts over), with the fingerprint of the
 /// code that registered it. The stable read name is created for the live version when it
 /// does not exist; cutover replaces it. A version registered by other code is left alone
-/// (not even its DDL runs: it could add to tables another code owns) and reported.
+/// (not even its DDL runs: it could add to tables another code owns) and reported. A version
+/// registered before fingerprints existed gets this code's, which is registered for exactly
+/// that version; the row is locked for it, so two binaries migrating at once cannot both.
 async fn install_view(
     client: &mut Client,
     view: &dyn Projection,
@@ -171,7 +173,7 @@ async fn install_view(
     let existing = tx
         .query_opt(
             "SELECT dropped_at IS NOT NULL, fingerprint FROM projector.views \
-             WHERE name = $1 AND version = $2",
+             WHERE name = $1 AND version = $2 FOR UPDATE",
             &[&view.name(), &view.version()],
         )
         .await?;

@@ -366,6 +366,10 @@ pub async fn cancel(
             "no rebuild of {name} is under way"
         )));
     };
+    // A cancel drops the tables this code names: checked before the rebuild is marked, so a
+    // binary with other code never stops another binary's rebuild half-way.
+    let code = registry.code_for(name, r.version)?;
+    fingerprint::check(&*client, &*code).await?;
     // Marked cancelled under the registry's lock, as the version is still building: a
     // cutover (which takes the same lock and refuses a cancelled rebuild) either made it
     // live before, and the cancel is refused, or cannot make it live after. Without it, a
@@ -397,8 +401,6 @@ pub async fn cancel(
         )));
     }
     tx.commit().await.map_err(db("cancelling the rebuild"))?;
-    let code = registry.code_for(name, r.version)?;
-    fingerprint::check(&*client, &*code).await?;
     drop_version(client, &code).await?;
     client
         .execute(

@@ -385,6 +385,28 @@ async fn register(
     )
     .await
     .map_err(db_err("registering the version"))?;
+    // Registered by another binary a moment ago (the check before was not under this lock):
+    // its code must be this one's.
+    let recorded: Option<String> = tx
+        .query_one(
+            "SELECT fingerprint FROM projector.views WHERE name = $1 AND version = $2 FOR UPDATE",
+            &[&code.name(), &code.version()],
+        )
+        .await
+        .map_err(db_err("registering the version"))?
+        .get(0);
+    match recorded {
+        Some(recorded) => {
+            fingerprint::judge(&**code, Some(&recorded))?;
+        }
+        None => {
+            return Err(fingerprint::CodeError::Unrecorded {
+                name: code.name().to_owned(),
+                version: code.version(),
+            }
+            .into())
+        }
+    }
     tx.execute(
         "INSERT INTO projector.rebuilds (consumer, name, version, source, phase, cutover) \
          VALUES ($1, $2, $3, $4, 'seeding', $5) ON CONFLICT (consumer) DO NOTHING",

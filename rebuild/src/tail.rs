@@ -98,12 +98,22 @@ struct Consuming {
 }
 
 impl Consuming {
-    async fn stop(self) -> Result<(), RebuildError> {
+    /// Stops the tail: its batches commit or roll back first. Returns the error it ended
+    /// with, if any: only the tail that ended by itself says why it failed; a tail stopped on
+    /// purpose (a pause, a cutover, a shutdown) is logged, never made the rebuild's error.
+    async fn stop(self) -> Option<String> {
         self.token.cancel();
         match self.task.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(RebuildError::Tail(e.to_string())),
-            Err(e) => Err(RebuildError::Tail(e.to_string())),
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
+    /// Stops the tail on purpose; an error it ended with is logged.
+    async fn stop_logged(self, consumer: &str) {
+        if let Some(error) = self.stop().await {
+            tracing::warn!(%consumer, %error, "the tail ended with an error as it was stopped");
         }
     }
 }
@@ -303,7 +313,7 @@ pub(crate) async fn run(
             match (row.paused, consuming.is_some()) {
                 (true, true) => {
                     if let Some(c) = consuming.take() {
-                        c.stop().await?;
+                        c.stop_logged(&consumer).await;
                     }
                     progress.message(&format!(
                         "paused; resume with `projector rebuild {name} --resume`"
@@ -329,10 +339,10 @@ pub(crate) async fn run(
             }
             if consuming.as_ref().is_some_and(|c| c.task.is_finished()) {
                 let error = match consuming.take() {
-                    Some(c) => match c.stop().await {
-                        Err(e) => e.to_string(),
-                        Ok(()) => "it stopped without an error".to_owned(),
-                    },
+                    Some(c) => c
+                        .stop()
+                        .await
+                        .unwrap_or_else(|| "it stopped without an error".to_owned()),
                     None => String::new(),
                 };
                 let wait = restart.failed();
@@ -359,7 +369,7 @@ pub(crate) async fn run(
                 && status.lag() <= options.cutover_lag
             {
                 if let Some(c) = consuming.take() {
-                    c.stop().await?;
+                    c.stop_logged(&consumer).await;
                 }
                 let mut client = pool
                     .get()
@@ -380,12 +390,13 @@ pub(crate) async fn run(
             _ = tokio::time::sleep(options.tick) => {}
         }
     };
-    let stopped = match consuming.take() {
-        Some(c) => c.stop().await,
-        None => Ok(()),
-    };
-    // The first error wins: a tail that failed says why, not that stopping it failed too.
-    result.and_then(|outcome| stopped.map(|()| outcome))
+    // Stopped before the rebuild returns and lets go of its running lock. What the tail
+    // ended with is not the rebuild's outcome: a start that was waiting on a lock when the
+    // rebuild was told to stop, say.
+    if let Some(c) = consuming.take() {
+        c.stop_logged(&consumer).await;
+    }
+    result
 }
 
 /// A partition whose log now starts past where the rebuild is: retention dropped messages

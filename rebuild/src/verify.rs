@@ -43,11 +43,14 @@ pub async fn verify(
     (a, b): (i32, i32),
     columns: &[String],
 ) -> Result<VerifyReport, RebuildError> {
-    let read = |v: i32| -> Result<String, RebuildError> {
+    // Each version is read through its own read SQL: this binary's code for it must be the
+    // code that registered it, or the comparison would be through another reader.
+    let read = |v: i32| async move {
         let code = registry.code_for(name, v)?;
-        Ok(render(&*code, &code.read_sql()))
+        projector_engine::fingerprint::check(client, &*code).await?;
+        Ok::<_, RebuildError>(render(&*code, &code.read_sql()))
     };
-    let (sql_a, sql_b) = (read(a)?, read(b)?);
+    let (sql_a, sql_b) = (read(a).await?, read(b).await?);
     let describe = |sql: String| async move {
         client
             .prepare(&format!("SELECT * FROM ({sql}) t"))

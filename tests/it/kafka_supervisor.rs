@@ -33,6 +33,7 @@ fn options(names: &[&str], owner: &str) -> LiveOptions {
         owner: Some(owner.to_owned()),
         restart_first: Duration::from_millis(200),
         restart_max: Duration::from_secs(1),
+        local: None,
     }
 }
 

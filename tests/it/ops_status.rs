@@ -57,6 +57,7 @@ fn options(stall_after: Duration) -> StatusOptions {
         },
         parked_limit: 5,
         sample: None,
+        local: None,
     }
 }
 

@@ -80,8 +80,9 @@ async fn only_the_live_version_emits_and_each_event_is_announced_once() {
     // v2 is built from the same history: it replays every close and flip and emits nothing.
     client
         .execute(
-            "INSERT INTO projector.views (name, version, state) VALUES ('portfolio', 2, 'building')",
-            &[],
+            "INSERT INTO projector.views (name, version, state, fingerprint) \
+             VALUES ('portfolio', 2, 'building', $1)",
+            &[&projector_engine::fingerprint::of(&*v2_view)],
         )
         .await
         .expect("register v2");

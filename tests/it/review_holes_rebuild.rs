@@ -258,8 +258,13 @@ fn script(account: i64) -> Vec<EventSpec> {
 async fn register_building(client: &deadpool_postgres::Client, view: &Arc<dyn Projection>) {
     client
         .execute(
-            "INSERT INTO projector.views (name, version, state) VALUES ($1, $2, 'building')",
-            &[&view.name(), &view.version()],
+            "INSERT INTO projector.views (name, version, state, fingerprint) \
+             VALUES ($1, $2, 'building', $3)",
+            &[
+                &view.name(),
+                &view.version(),
+                &projector_engine::fingerprint::of(&**view),
+            ],
         )
         .await
         .expect("register");

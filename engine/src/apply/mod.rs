@@ -49,6 +49,7 @@ use bookkeeping::Advance;
 use plan::{AccountState, Decoded, StoredEvent, Work};
 
 pub use repair::DeadLetterSkip;
+pub(crate) use rounds::describe_db_error;
 pub use rounds::{compose_statement, compose_statement_with, InboxGuard};
 pub use types::{ApplyError, Batch, BatchOutcome, Counts, Disposition};
 
@@ -73,6 +74,15 @@ pub(crate) fn default_owner() -> String {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".to_owned());
     format!("{host}:{}", std::process::id())
+}
+
+/// What a caught panic said, for a dead letter or a log line.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 /// The prepared statements that load a batch's accounts.
@@ -488,9 +498,19 @@ impl Applier {
                 }
                 check_data(&event).map_err(|e| e.to_string())?;
                 let values = extract_fields(&event, &self.fields).map_err(|e| e.to_string())?;
-                self.projection
-                    .validate(&event)
-                    .map_err(|e| format!("rejected by view {}: {e}", self.consumer))?;
+                // A view's own Rust code: a panic in it poisons this event for the view,
+                // instead of ending the partition's worker with the batch in its hands.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.projection.validate(&event)
+                }))
+                .map_err(|panic| {
+                    format!(
+                        "view {}'s validate panicked: {}",
+                        self.consumer,
+                        panic_message(&*panic)
+                    )
+                })?
+                .map_err(|e| format!("rejected by view {}: {e}", self.consumer))?;
                 Ok((event, values, true))
             });
         match decoded {

@@ -418,8 +418,27 @@ impl Context {
             drain_due: Some(tokio::time::Instant::now()),
             drain_backoff: Backoff::new(),
         };
+        let watched = shared.clone();
         shared.runtime.spawn(async move {
-            worker.run(rx, stop_rx).await;
+            let shared = watched;
+            // A worker that panics (a bug) would leave its partition assigned and unread, the
+            // poll thread dropping its messages, while the view looks alive. The panic ends
+            // the view's attempt instead, as a fatal error: it is started again and reported.
+            let ended = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(
+                worker.run(rx, stop_rx),
+            ))
+            .await;
+            if let Err(panic) = ended {
+                let message = crate::apply::panic_message(&*panic);
+                tracing::error!(consumer = %shared.applier.consumer(), partition, %message, "a partition's worker panicked; stopping the view to start it again");
+                if let Ok(mut fatal) = shared.fatal.lock() {
+                    fatal.get_or_insert(SourceError::Thread {
+                        consumer: shared.applier.consumer().to_owned(),
+                        message: format!("the worker of partition {partition} panicked: {message}"),
+                    });
+                }
+                shared.shutdown.cancel();
+            }
             let _ = done_tx.send(());
         });
         let handle = WorkerHandle {
@@ -1007,10 +1026,10 @@ pub async fn run_view(
     observer: Arc<dyn Observer>,
     shutdown: CancellationToken,
 ) -> Result<(), SourceError> {
-    start_view(applier, pool, config, observer, shutdown)
-        .await?
-        .finish()
-        .await
+    match start_view(applier, pool, config, observer, shutdown).await? {
+        Some(view) => view.finish().await,
+        None => Ok(()),
+    }
 }
 
 /// A view version whose statements are prepared and whose Kafka client has subscribed and
@@ -1035,25 +1054,38 @@ impl std::fmt::Debug for RunningView {
 /// prepared (a broken view, or a table another session holds locked past the statement
 /// timeout, fails here, before anything is consumed), the Kafka client subscribed and its
 /// poll thread started. Consumption goes on until `shutdown` is cancelled; await
-/// [`RunningView::finish`] for its end.
+/// [`RunningView::finish`] for its end. `None`: `shutdown` was cancelled before the view
+/// started; a start that waits on a lock does not hold a shutdown or a cutover up.
 pub async fn start_view(
     applier: Arc<Applier>,
     pool: Pool,
     config: KafkaConfig,
     observer: Arc<dyn Observer>,
     shutdown: CancellationToken,
-) -> Result<RunningView, SourceError> {
+) -> Result<Option<RunningView>, SourceError> {
     let consumer_name = applier.consumer().to_owned();
     let kafka_error = |source| SourceError::Kafka {
         consumer: consumer_name.clone(),
         source,
     };
     {
-        let client = pool.get().await.map_err(|e| SourceError::Thread {
+        let connect = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            c = pool.get() => c,
+        };
+        let client = connect.map_err(|e| SourceError::Thread {
             consumer: consumer_name.clone(),
             message: format!("cannot connect to PostgreSQL: {e}"),
         })?;
-        applier.prepare(&client).await?;
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                // The statement still waits on the server: the connection goes with it
+                // rather than back to the pool, where the next batch would queue behind it.
+                drop(deadpool_postgres::Object::take(client));
+                return Ok(None);
+            }
+            prepared = applier.prepare(&client) => prepared?,
+        }
     }
     let (committed_tx, committed_rx) = std::sync::mpsc::channel();
     let (seeks_tx, seeks_rx) = std::sync::mpsc::channel();
@@ -1091,11 +1123,11 @@ pub async fn start_view(
             consumer: consumer_name.clone(),
             message: format!("cannot start the poll thread: {e}"),
         })?;
-    Ok(RunningView {
+    Ok(Some(RunningView {
         consumer: consumer_name,
         shared,
         poll,
-    })
+    }))
 }
 
 impl RunningView {

@@ -22,18 +22,19 @@
 //! process has stopped the retired version instead of dropping its tables under it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::apply::describe_db_error;
 use crate::apply::Applier;
 use crate::fingerprint::{self, CodeError, Verdict};
 use crate::kafka::running::{self, Session};
 use crate::kafka::source::{start_view, KafkaConfig, Observer};
-use crate::processes::{self, RunState, ViewReport};
+use crate::processes::{self, Local, Run, RunState};
 use crate::projection::{Projection, Registry, SourceOrdering};
 
 /// What the live service runs.
@@ -53,6 +54,10 @@ pub struct LiveOptions {
     /// ... up to this. A version that consumed this long before it failed starts again
     /// after `restart_first`.
     pub restart_max: Duration,
+    /// Where the service says what it runs, for the process's own monitor to judge
+    /// (`ops::StatusOptions::local`) whether or not its heartbeat reaches PostgreSQL;
+    /// `None`: a handle of its own.
+    pub local: Option<Local>,
 }
 
 impl Default for LiveOptions {
@@ -63,24 +68,15 @@ impl Default for LiveOptions {
             owner: None,
             restart_first: Duration::from_secs(1),
             restart_max: Duration::from_secs(60),
+            local: None,
         }
     }
-}
-
-/// What a version's task is doing, shared between the task and the supervisor.
-#[derive(Debug, Clone)]
-struct Attempt {
-    state: RunState,
-    /// Failures in a row.
-    failures: i32,
-    error: Option<String>,
 }
 
 /// A version this process runs: its task keeps it running until `token` is cancelled.
 struct Running {
     token: CancellationToken,
     task: JoinHandle<()>,
-    attempt: Arc<Mutex<Attempt>>,
 }
 
 /// Everything a version's task needs.
@@ -104,19 +100,29 @@ pub async fn run_live(
     shutdown: CancellationToken,
     options: LiveOptions,
 ) {
-    let instance = options
-        .owner
-        .clone()
-        .unwrap_or_else(crate::apply::default_owner);
-    let beat_ms = i32::try_from(options.refresh.as_millis())
-        .unwrap_or(i32::MAX)
-        .max(1);
+    let local = options.local.clone().unwrap_or_else(|| {
+        Local::new(
+            options
+                .owner
+                .clone()
+                .unwrap_or_else(crate::apply::default_owner),
+        )
+    });
+    // The heartbeat has a task of its own: a look at the registry that waits (a version
+    // stopping, PostgreSQL slow) must not make the process look gone.
+    let beats = shutdown.child_token();
+    let heartbeat = tokio::spawn(heartbeat(
+        pool.clone(),
+        local.clone(),
+        options.refresh,
+        beats.clone(),
+    ));
     let mut running: HashMap<String, Running> = HashMap::new();
-    // Versions this process leaves alone, with the one-line reason (said once).
+    // Versions this process leaves alone for as long as it runs, with the one-line reason.
     let mut skipped: BTreeMap<String, String> = BTreeMap::new();
+    // What was said of which version, so that a refusal asked again at every look is said once.
+    let mut said: BTreeSet<(String, String)> = BTreeSet::new();
     let mut registry_down = false;
-    let mut beat_down = false;
-    let mut arrived = false;
     let mut holds = Holds::default();
     loop {
         // A lost lock session lost its locks: hold them again for what still runs. A version
@@ -131,6 +137,7 @@ pub async fn run_live(
         for consumer in taken {
             if let Some(r) = running.remove(&consumer) {
                 tracing::warn!(%consumer, "its running lock was lost and a drop took it; stopping it");
+                local.forget(&consumer);
                 stop(r).await;
             }
         }
@@ -156,11 +163,18 @@ pub async fn run_live(
                     if let Some(r) = running.remove(&consumer) {
                         tracing::info!(%consumer, "no longer live; stopping it");
                         eprintln!("projector: {consumer} is no longer live; stopped");
+                        local.forget(&consumer);
                         stop(r).await;
                         holds.let_go(&consumer).await;
                     }
                 }
                 skipped.retain(|c, _| wanted_consumers.contains(c));
+                said.retain(|(c, _)| wanted_consumers.contains(c));
+                for (consumer, _) in local.reports() {
+                    if !wanted_consumers.contains(&consumer.consumer) {
+                        local.forget(&consumer.consumer);
+                    }
+                }
                 for (name, version) in wanted {
                     let consumer = format!("{name}_v{version}");
                     if running.contains_key(&consumer) || skipped.contains_key(&consumer) {
@@ -168,14 +182,26 @@ pub async fn run_live(
                     }
                     let code = match runnable(&registry, &pool, &name, version).await {
                         Ok(code) => code,
-                        Err(Refusal::Skip(reason)) => {
-                            tracing::error!(%consumer, %reason, "live, but this process leaves it alone");
-                            eprintln!("projector: {consumer} is live, but this process leaves it alone: {reason}");
-                            skipped.insert(consumer, reason);
+                        Err(Refusal::Skip { reason, for_good }) => {
+                            if said.insert((consumer.clone(), reason.clone())) {
+                                tracing::error!(%consumer, %reason, "live, but this process leaves it alone");
+                                eprintln!("projector: {consumer} is live, but this process leaves it alone: {reason}");
+                            }
+                            local.track(
+                                &consumer,
+                                Run::new(RunState::Skipped, Some(reason.clone())),
+                            );
+                            if for_good {
+                                skipped.insert(consumer, reason);
+                            }
                             continue;
                         }
                         Err(Refusal::NotNow(reason)) => {
-                            tracing::warn!(%consumer, %reason, "cannot check its code now; trying again at the next look");
+                            not_started(
+                                &local,
+                                &consumer,
+                                format!("cannot check its code: {reason}"),
+                            );
                             continue;
                         }
                     };
@@ -184,6 +210,10 @@ pub async fn run_live(
                         Err(e) => {
                             let reason = e.to_string();
                             eprintln!("projector: {consumer}: {reason}");
+                            local.track(
+                                &consumer,
+                                Run::new(RunState::Skipped, Some(reason.clone())),
+                            );
                             skipped.insert(consumer, reason);
                             continue;
                         }
@@ -195,20 +225,27 @@ pub async fn run_live(
                     match holds.hold(&pool, &consumer).await {
                         Ok(true) => {}
                         // Being dropped (it was live a moment ago): not started.
-                        Ok(false) => continue,
+                        Ok(false) => {
+                            local.forget(&consumer);
+                            continue;
+                        }
                         Err(e) => {
-                            tracing::warn!(%consumer, error = %e, "cannot take the running lock; starting it at the next look");
+                            not_started(
+                                &local,
+                                &consumer,
+                                format!("cannot take its running lock: {e}"),
+                            );
                             continue;
                         }
                     }
                     tracing::info!(%consumer, topic = %config.topic, "starting");
                     eprintln!("projector: consuming {} into {consumer}", config.topic);
+                    // A version that could not be started at earlier looks keeps its count.
+                    let run = local
+                        .run_of(&consumer)
+                        .unwrap_or_else(|| Run::new(RunState::Starting, None));
+                    local.track(&consumer, run.clone());
                     let token = shutdown.child_token();
-                    let attempt = Arc::new(Mutex::new(Attempt {
-                        state: RunState::Starting,
-                        failures: 0,
-                        error: None,
-                    }));
                     let task = tokio::spawn(keep_running(
                         Start {
                             applier: Arc::new(applier),
@@ -219,16 +256,9 @@ pub async fn run_live(
                             max: options.restart_max,
                         },
                         token.clone(),
-                        attempt.clone(),
+                        run,
                     ));
-                    running.insert(
-                        consumer,
-                        Running {
-                            token,
-                            task,
-                            attempt,
-                        },
-                    );
+                    running.insert(consumer, Running { token, task });
                 }
             }
             Err(e) => {
@@ -248,22 +278,12 @@ pub async fn run_live(
         for consumer in ended {
             if let Some(r) = running.remove(&consumer) {
                 tracing::error!(%consumer, "its task ended unexpectedly; starting it again");
+                if let Some(run) = local.run_of(&consumer) {
+                    run.failed("its task ended unexpectedly".to_owned());
+                }
                 stop(r).await;
                 holds.let_go(&consumer).await;
             }
-        }
-        let reports = report(&running, &skipped);
-        match heartbeat(&pool, &instance, beat_ms, &reports, &mut arrived).await {
-            Ok(()) if beat_down => {
-                tracing::warn!("the heartbeat is written again");
-                beat_down = false;
-            }
-            Ok(()) => {}
-            Err(e) if !beat_down => {
-                tracing::warn!(error = %e, "cannot write the heartbeat; status and health elsewhere will count this process gone");
-                beat_down = true;
-            }
-            Err(_) => {}
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -275,17 +295,31 @@ pub async fn run_live(
     }
     // Closing the session lets go of every lock it holds.
     drop(holds);
-    if let Ok(client) = pool.get().await {
-        if let Err(e) = processes::leave(&client, &instance).await {
-            tracing::debug!(error = %e, "could not remove this process's row; it ages out");
-        }
+    beats.cancel();
+    if let Err(e) = heartbeat.await {
+        tracing::error!(error = %e, "the heartbeat task panicked");
+    }
+}
+
+/// A live version this look could not start: reported as failing (it should be consuming),
+/// and tried again at the next look.
+fn not_started(local: &Local, consumer: &str, reason: String) {
+    let run = local
+        .run_of(consumer)
+        .unwrap_or_else(|| Run::new(RunState::Starting, None));
+    local.track(consumer, run.clone());
+    let failures = run.failed(reason.clone());
+    // Once at the start, then now and then: a look comes every refresh.
+    if failures == 1 || failures % 30 == 0 {
+        tracing::warn!(%consumer, attempt = failures, %reason, "not started; trying again at the next look");
     }
 }
 
 /// Why a live version is not started now.
 enum Refusal {
-    /// For as long as this process runs: no code for it, or other code.
-    Skip(String),
+    /// Left alone: no code for it, or other code (`for_good`: for as long as this process
+    /// runs), or no code recorded yet (asked again at every look: a migrate records it).
+    Skip { reason: String, for_good: bool },
     /// Its code could not be checked (PostgreSQL); the next look tries again.
     NotNow(String),
 }
@@ -299,7 +333,10 @@ async fn runnable(
 ) -> Result<Arc<dyn Projection>, Refusal> {
     let code = registry
         .code_for(name, version)
-        .map_err(|e| Refusal::Skip(e.to_string()))?;
+        .map_err(|e| Refusal::Skip {
+            reason: e.to_string(),
+            for_good: true,
+        })?;
     let client = pool
         .get()
         .await
@@ -310,18 +347,25 @@ async fn runnable(
             "{} is not registered",
             code.consumer()
         ))),
-        Err(e @ CodeError::Differs { .. }) => Err(Refusal::Skip(e.to_string())),
-        Err(e) => Err(Refusal::NotNow(e.to_string())),
+        Err(e @ CodeError::Differs { .. }) => Err(Refusal::Skip {
+            reason: e.to_string(),
+            for_good: true,
+        }),
+        Err(e @ CodeError::Unrecorded { .. }) => Err(Refusal::Skip {
+            reason: e.to_string(),
+            for_good: false,
+        }),
+        Err(CodeError::Database { source, .. }) => Err(Refusal::NotNow(describe_db_error(&source))),
     }
 }
 
 /// Keeps one version running until `token` is cancelled: started, and started again with
-/// backoff whenever it ends with an error or cannot start.
-async fn keep_running(start: Start, token: CancellationToken, attempt: Arc<Mutex<Attempt>>) {
+/// backoff whenever it ends with an error or cannot start. From its first failure until it
+/// consumes again it is reported failing, also while a new attempt starts.
+async fn keep_running(start: Start, token: CancellationToken, run: Run) {
     let consumer = start.applier.consumer().to_owned();
     let mut delay = start.first;
     loop {
-        set(&attempt, |a| a.state = RunState::Starting);
         // A fatal error cancels its own attempt's token, never the version's.
         let this_try = token.child_token();
         let started = start_view(
@@ -333,14 +377,8 @@ async fn keep_running(start: Start, token: CancellationToken, attempt: Arc<Mutex
         )
         .await;
         let error = match started {
-            Ok(view) => {
-                let recovered = set(&attempt, |a| {
-                    let failures = a.failures;
-                    a.state = RunState::Consuming;
-                    a.failures = 0;
-                    a.error = None;
-                    failures
-                });
+            Ok(Some(view)) => {
+                let recovered = run.consuming();
                 if recovered > 0 {
                     tracing::warn!(%consumer, failed_attempts = recovered, "consuming again");
                     eprintln!("projector: {consumer} is consuming again after {recovered} failed attempt(s)");
@@ -359,17 +397,14 @@ async fn keep_running(start: Start, token: CancellationToken, attempt: Arc<Mutex
                     Ok(()) => "the view stopped without an error".to_owned(),
                 }
             }
+            // Cancelled before it started.
+            Ok(None) => return,
             Err(e) => e.to_string(),
         };
         if token.is_cancelled() {
             return;
         }
-        let failures = set(&attempt, |a| {
-            a.state = RunState::Failing;
-            a.failures = a.failures.saturating_add(1);
-            a.error = Some(error.clone());
-            a.failures
-        });
+        let failures = run.failed(error.clone());
         tracing::error!(%consumer, attempt = failures, retry_in = ?delay, %error, "not consuming; starting it again after the backoff");
         tokio::select! {
             _ = token.cancelled() => return,
@@ -379,15 +414,8 @@ async fn keep_running(start: Start, token: CancellationToken, attempt: Arc<Mutex
     }
 }
 
-/// Updates the shared attempt and returns what `f` returns.
-fn set<T>(attempt: &Mutex<Attempt>, f: impl FnOnce(&mut Attempt) -> T) -> T {
-    match attempt.lock() {
-        Ok(mut a) => f(&mut a),
-        Err(poisoned) => f(&mut poisoned.into_inner()),
-    }
-}
-
-/// Stops a version's task: its in-flight batches commit or roll back first.
+/// Stops a version's task: its in-flight batches commit or roll back first, and a start that
+/// waits on a lock gives up at once.
 async fn stop(r: Running) {
     r.token.cancel();
     if let Err(e) = r.task.await {
@@ -395,50 +423,49 @@ async fn stop(r: Running) {
     }
 }
 
-/// What this process does with every version it should serve now.
-fn report(
-    running: &HashMap<String, Running>,
-    skipped: &BTreeMap<String, String>,
-) -> Vec<ViewReport> {
-    let mut out: Vec<ViewReport> = running
-        .iter()
-        .map(|(consumer, r)| {
-            let a = set(&r.attempt, |a| a.clone());
-            ViewReport {
-                consumer: consumer.clone(),
-                state: a.state,
-                attempts: a.failures,
-                detail: a.error,
+/// Beats every `every` with what `local` says, until `stop`; then the process's rows go.
+async fn heartbeat(pool: Pool, local: Local, every: Duration, stop: CancellationToken) {
+    let beat_ms = i32::try_from(every.as_millis()).unwrap_or(i32::MAX).max(1);
+    let (run_id, instance) = (local.run_id(), local.instance());
+    let mut arrived = false;
+    loop {
+        let views: Vec<processes::ViewReport> =
+            local.reports().into_iter().map(|(r, _)| r).collect();
+        let beat = async {
+            let mut client = pool.get().await.map_err(|e| e.to_string())?;
+            if !arrived {
+                processes::arrive(&client, &run_id, &instance, beat_ms)
+                    .await
+                    .map_err(|e| describe_db_error(&e))?;
             }
-        })
-        .collect();
-    out.extend(skipped.iter().map(|(consumer, reason)| ViewReport {
-        consumer: consumer.clone(),
-        state: RunState::Skipped,
-        attempts: 0,
-        detail: Some(reason.clone()),
-    }));
-    out.sort_by(|a, b| a.consumer.cmp(&b.consumer));
-    out
-}
-
-async fn heartbeat(
-    pool: &Pool,
-    instance: &str,
-    beat_ms: i32,
-    reports: &[ViewReport],
-    arrived: &mut bool,
-) -> Result<(), String> {
-    let mut client = pool.get().await.map_err(|e| e.to_string())?;
-    if !*arrived {
-        processes::arrive(&client, instance, beat_ms)
+            processes::beat(&mut client, &run_id, &instance, beat_ms, &views)
+                .await
+                .map_err(|e| describe_db_error(&e))
+        };
+        let result = tokio::time::timeout(every.max(Duration::from_secs(5)), beat)
             .await
-            .map_err(|e| e.to_string())?;
-        *arrived = true;
+            .unwrap_or_else(|_| Err("no answer from PostgreSQL in time".to_owned()));
+        match (&result, local.beat_error()) {
+            (Ok(()), Some(_)) => tracing::warn!("the heartbeat is written again"),
+            (Err(e), None) => {
+                tracing::warn!(error = %e, "cannot write the heartbeat; other processes and `projector status` will count this process gone")
+            }
+            _ => {}
+        }
+        if result.is_ok() {
+            arrived = true;
+        }
+        local.beat_went(result);
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(every) => {}
+        }
     }
-    processes::beat(&mut client, instance, beat_ms, reports)
-        .await
-        .map_err(|e| e.to_string())
+    if let Ok(client) = pool.get().await {
+        if let Err(e) = processes::leave(&client, &run_id).await {
+            tracing::debug!(error = %describe_db_error(&e), "could not remove this process's row; it ages out");
+        }
+    }
 }
 
 /// The running locks of what this service runs, on one session of their own.

@@ -96,6 +96,11 @@ pub enum ProblemKind {
     /// A running process should consume a live version and does not: its start failed and is
     /// retried, or it is still starting.
     NotConsuming,
+    /// This process cannot write its heartbeat: other processes and `projector status`
+    /// count it gone.
+    Heartbeat,
+    /// Two running processes share one name (`--instance-id`).
+    SharedName,
     /// A process leaves a version alone: its code for it is not the code that registered it,
     /// or it has none. A page when no process consumes the version.
     Skipped,

@@ -36,6 +36,10 @@ pub struct StatusOptions {
     pub parked_limit: i64,
     /// Measure throughput over this long (two reads of the counters); `None`: do not.
     pub sample: Option<Duration>,
+    /// The running process's own supervisor, when the snapshot is that process's health:
+    /// what it runs is judged as it knows it now, not as its last heartbeat said (a heartbeat
+    /// that cannot be written pages too). `None` for `projector status`.
+    pub local: Option<crate::processes::Local>,
 }
 
 impl Default for StatusOptions {
@@ -45,6 +49,7 @@ impl Default for StatusOptions {
             rule: HealthRule::default(),
             parked_limit: 10,
             sample: None,
+            local: None,
         }
     }
 }
@@ -78,6 +83,8 @@ pub struct Status {
 /// A `projector run` process.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProcessStatus {
+    /// The random id of its run: two processes may share a name.
+    pub run_id: String,
     /// `--instance-id`, else `<host>:<pid>`.
     pub instance: String,
     /// When it started.
@@ -378,12 +385,39 @@ pub async fn collect(
         },
         None => None,
     };
-    let db = match read_db(pool, &topic, options).await {
+    let mut db = match read_db(pool, &topic, options).await {
         Ok(db) => db,
         Err(OpsError::Connect(e)) => return Ok(unreachable(&topic, options, e.to_string())),
         Err(e) => return Err(e),
     };
     let now = db.now.unwrap_or_else(Utc::now);
+    if let Some(local) = &options.local {
+        crate::processes::overlay(&mut db.processes, local, now);
+        if let Some(error) = local.beat_error() {
+            problems.push(Problem::global(
+                Severity::Page,
+                ProblemKind::Heartbeat,
+                format!(
+                    "this process ({}) cannot write its heartbeat, so other processes and \
+                     `projector status` count it gone: {error}",
+                    local.instance()
+                ),
+            ));
+        }
+    }
+    // Two running processes under one name: status tells them apart by run, an operator may
+    // not (one --instance-id shared by two deployments, pid 1 in containers on one host).
+    let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+    for p in db.processes.iter().filter(|p| p.fresh) {
+        *names.entry(p.instance.as_str()).or_default() += 1;
+    }
+    for (name, n) in names.into_iter().filter(|(_, n)| *n > 1) {
+        problems.push(Problem::global(
+            Severity::Warn,
+            ProblemKind::SharedName,
+            format!("{n} running processes share the name {name}: give each its own --instance-id"),
+        ));
+    }
     let throughput: HashMap<String, Throughput> = match (&first, options.sample) {
         (Some(first), Some(_)) => {
             let second = sample_counters(pool, &topic).await?;
@@ -503,6 +537,7 @@ pub async fn collect(
             .processes
             .iter()
             .map(|p| ProcessStatus {
+                run_id: p.run_id.clone(),
                 instance: p.instance.clone(),
                 started_at: p.started_at,
                 seen_at: p.seen_at,
