@@ -7,8 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::broker::Broker;
 use crate::support::kafka::{config, publish};
-use crate::support::process::{http_get, Projector};
+use crate::support::process::{http_get, run_output, wait_until, Projector};
 use crate::support::variant::Variant;
 use crate::support::{eventually, fills, offsets, with_options};
 use projector_devkit::devbroker::DevBroker;
@@ -110,11 +111,22 @@ async fn reference(view: Arc<dyn Projection>, events: &[EventSpec]) -> Vec<Vec<S
 /// Holds `LOCK TABLE <table> IN ACCESS EXCLUSIVE MODE` in an open transaction until
 /// released: a migration, a long report or a blip at a cutover.
 async fn lock(db: &TestDb, table: &str) -> deadpool_postgres::Client {
-    let client = db.client().await;
+    lock_in(db, table, "ACCESS EXCLUSIVE").await
+}
+
+/// Holds `LOCK TABLE <table> IN <mode> MODE` in an open transaction until released, on a
+/// session that may stay idle in it as long as the test needs.
+async fn lock_in(db: &TestDb, table: &str, mode: &str) -> deadpool_postgres::Client {
+    let client = projector_engine::db::pool(
+        &with_options(db.url(), &[("idle_in_transaction_session_timeout", "0")]),
+        1,
+    )
+    .expect("pool")
+    .get()
+    .await
+    .expect("holder");
     client
-        .batch_execute(&format!(
-            "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
-        ))
+        .batch_execute(&format!("BEGIN; LOCK TABLE {table} IN {mode} MODE"))
         .await
         .expect("lock");
     client
@@ -476,37 +488,65 @@ async fn code_that_declares_the_recorded_fingerprint_keeps_the_version_running()
     );
 }
 
+/// `/health` of a `projector run` child until `done` holds for (code, body), or a panic with
+/// its log at the deadline.
+fn health_until(
+    p: &mut Projector,
+    addr: &str,
+    what: &str,
+    mut done: impl FnMut(u16, &str) -> bool,
+) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let (code, body) = http_get(addr, "/health");
+        if done(code, &body) {
+            return body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}; last /health {code} {body}; log:\n{}",
+            p.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
-fn run_pages_while_a_lock_keeps_a_view_from_starting_and_is_exact_after() {
+fn run_pages_while_a_lock_keeps_a_view_from_starting_at_start_and_at_a_cutover_and_is_exact_after()
+{
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    let broker = DevBroker::start(1, &[(TOPIC, 2)]).expect("broker");
-    let bootstrap = broker.bootstrap_servers();
+    let broker = Broker::start(&[(TOPIC, 2)]);
+    let kafka = broker.kafka();
+    let topic = kafka.topic(TOPIC);
     let registry = projector_views::registry().expect("registry");
     let db = rt.block_on(TestDb::new(&registry));
     let events = fills(10, 2);
-    rt.block_on(publish(&bootstrap, TOPIC, &events));
-    let held = rt.block_on(lock(&db, "portfolio_v1"));
+    rt.block_on(publish(&kafka, &topic, &events));
     let url = with_options(db.url(), &[("statement_timeout", "1000")]);
-    let mut p = Projector::spawn(
-        &[
-            "run",
-            "--brokers",
-            &bootstrap,
-            "--topic",
-            TOPIC,
-            "--database-url",
-            &url,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--monitor-interval",
-            "200ms",
-        ],
-        "warn",
-    );
+    let with_kafka = |args: &[&str]| -> Vec<String> {
+        let mut out: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        out.extend(["--database-url".to_owned(), url.clone()]);
+        out.extend(kafka.cli_flags(&topic));
+        out
+    };
+
+    // At start: portfolio_v1's table is locked while `run` starts.
+    let held = rt.block_on(lock(&db, "portfolio_v1"));
+    let run_args = with_kafka(&[
+        "run",
+        "--views",
+        "portfolio",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--monitor-interval",
+        "200ms",
+    ]);
+    let run_args: Vec<&str> = run_args.iter().map(String::as_str).collect();
+    let mut p = Projector::spawn(&run_args, "warn");
     let line = p.wait_for("the endpoint's address", Duration::from_secs(60), |l| {
         l.contains("metrics on http://")
     });
@@ -516,41 +556,77 @@ fn run_pages_while_a_lock_keeps_a_view_from_starting_and_is_exact_after() {
         .and_then(|r| r.split('/').next())
         .expect("address")
         .to_owned();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let body = loop {
-        let (code, body) = http_get(&addr, "/health");
-        if code == 503 && body.contains("portfolio_v1 is not consumed by") {
-            break body;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for /health to page; last {code} {body}; log:\n{}",
-            p.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let body = health_until(
+        &mut p,
+        &addr,
+        "/health to page for portfolio_v1",
+        |code, b| code == 503 && b.contains("portfolio_v1 is not consumed by"),
+    );
     assert!(body.contains("\"healthy\":false"), "{body}");
     rt.block_on(held.batch_execute("ROLLBACK")).expect("unlock");
-    loop {
-        let (code, _) = http_get(&addr, "/health");
-        let consumed = rt.block_on(consumed(&db, "portfolio_v1"));
-        if code == 200 && consumed == 20 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for the view to catch up and /health to be green; log:\n{}",
-            p.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    health_until(
+        &mut p,
+        &addr,
+        "v1 to catch up and /health to be green",
+        |code, _| code == 200 && rt.block_on(consumed(&db, "portfolio_v1")) == 20,
+    );
+
+    // At a cutover: v2 is rebuilt beside it, then its table is locked so that its statement
+    // cannot be prepared (SHARE keeps writers out and lets the cutover's CREATE VIEW read),
+    // and the cutover makes it live.
+    let rebuild_args = with_kafka(&[
+        "rebuild",
+        "portfolio",
+        "--to-version",
+        "2",
+        "--from",
+        "earliest",
+        "--cutover",
+        "manual",
+    ]);
+    let rebuild_args: Vec<&str> = rebuild_args.iter().map(String::as_str).collect();
+    let mut rebuilding = Projector::spawn(&rebuild_args, "warn");
+    wait_until(
+        "v2 to catch up",
+        &mut [&mut rebuilding, &mut p],
+        || rt.block_on(consumed(&db, "portfolio_v2")),
+        |n| *n == 20,
+    );
+    let held = rt.block_on(lock_in(&db, "portfolio_v2", "SHARE"));
+    let cut = run_output(&[
+        "cutover",
+        "portfolio",
+        "--to-version",
+        "2",
+        "--database-url",
+        &url,
+    ]);
+    assert!(cut.status.success(), "cutover: {}", cut.stderr);
+    rebuilding.wait_exit(Duration::from_secs(60));
+    let more = fills(10, 3)[20..].to_vec();
+    rt.block_on(publish(&kafka, &topic, &more));
+    let body = health_until(
+        &mut p,
+        &addr,
+        "/health to page for portfolio_v2",
+        |code, b| code == 503 && b.contains("portfolio_v2 is not consumed by"),
+    );
+    assert!(body.contains("\"healthy\":false"), "{body}");
+    rt.block_on(held.batch_execute("ROLLBACK")).expect("unlock");
+    health_until(
+        &mut p,
+        &addr,
+        "v2 to catch up and /health to be green",
+        |code, _| code == 200 && rt.block_on(consumed(&db, "portfolio_v2")) == 30,
+    );
     p.signal("TERM");
     p.wait_exit(Duration::from_secs(60));
-    let portfolio: Arc<dyn Projection> = Arc::new(Portfolio::new(1));
+    let all: Vec<EventSpec> = events.iter().chain(&more).cloned().collect();
     rt.block_on(async {
+        let v2: Arc<dyn Projection> = Arc::new(Portfolio::new(2));
         assert_eq!(
-            dump(&db.client().await, &*portfolio).await,
-            reference(portfolio.clone(), &events).await
+            dump(&db.client().await, &*v2).await,
+            reference(v2.clone(), &all).await
         );
     });
 }
