@@ -14,6 +14,15 @@
 //! The check is the `INSERT ... ON CONFLICT DO NOTHING RETURNING` on the key's primary key, not
 //! a read before the write: two clients racing with one key serialize on that insert, and one
 //! fill comes out.
+//!
+//! With a quote gate ([`super::WriteSide::with_quotes`]), an order is checked once its key is
+//! claimed, before anything else is written: a stale, stale-at-source or suspect quote refuses
+//! it. The refusal is stored as the key's reply in that transaction and committed with no
+//! event, no seq and no position move, and every retry under the key gets that refusal again:
+//! the first answer is the answer (seed 000), even once the quote is fresh. Checking before the
+//! claim would let a retry racing the first attempt be checked on its own, later quote; the
+//! claim makes it wait for the first attempt's answer instead. Busts and cash movements do not
+//! depend on a price and are not checked.
 
 use std::sync::Arc;
 
@@ -21,8 +30,9 @@ use deadpool_postgres::Pool;
 use tokio::sync::Notify;
 
 use super::counters::{add, Counters};
-use super::error::{db, WriteSideError};
+use super::error::{db, OrderRefused, WriteSideError};
 use super::ledger::{self, reply_from_json, Command, Order, Reply};
+use super::quotes::{self, Quote, QuoteGate, Refusal};
 use super::sql;
 
 /// The longest idempotency key accepted, in bytes.
@@ -58,7 +68,22 @@ pub struct Intake {
     pub(crate) instance: Arc<str>,
     pub(crate) counters: Arc<Counters>,
     pub(crate) written: Arc<Notify>,
+    /// Checked before every order when set.
+    pub(crate) quotes: Option<QuoteGate>,
 }
+
+/// How `handle` answered, before it is counted.
+enum Handled {
+    Done(Outcome),
+    /// Refused by the quote gate; `replayed` when the refusal is the key's stored reply.
+    QuoteRefused {
+        refused: OrderRefused,
+        replayed: bool,
+    },
+}
+
+/// The stored reply of a refused order: `{"refused": {...}}`, which no [`Reply`] has.
+const REFUSED: &str = "refused";
 
 impl Intake {
     /// Places an order under the client's idempotency key.
@@ -82,7 +107,7 @@ impl Intake {
         add(&self.counters.requests, 1);
         let result = self.handle(account_id, key, command).await;
         match &result {
-            Ok(Outcome::Accepted(_)) => {
+            Ok(Handled::Done(Outcome::Accepted(_))) => {
                 let counter = match command {
                     Command::Order(_) => &self.counters.fills,
                     Command::Bust { .. } => &self.counters.busts,
@@ -91,12 +116,36 @@ impl Intake {
                 add(counter, 1);
                 self.written.notify_one();
             }
-            Ok(Outcome::Replayed(_)) => add(&self.counters.deduplicated, 1),
+            Ok(Handled::Done(Outcome::Replayed(_)))
+            | Ok(Handled::QuoteRefused { replayed: true, .. }) => {
+                add(&self.counters.deduplicated, 1);
+            }
+            Ok(Handled::QuoteRefused {
+                refused,
+                replayed: false,
+            }) => {
+                let counter = match refused.refusal {
+                    Refusal::StaleQuote { .. } => &self.counters.refused_stale_quote,
+                    Refusal::StaleAtSource { .. } => &self.counters.refused_stale_at_source,
+                    Refusal::Suspect { .. } => &self.counters.refused_suspect,
+                };
+                add(counter, 1);
+                quotes::order_refused(refused.refusal.reason());
+            }
             Err(WriteSideError::KeyReused { .. }) => add(&self.counters.refused, 1),
             Err(e) if e.is_refusal() => add(&self.counters.rejected, 1),
             Err(_) => {}
         }
-        result
+        match result? {
+            Handled::Done(outcome) => Ok(outcome),
+            Handled::QuoteRefused { refused, .. } => Err(WriteSideError::QuoteRefused(refused)),
+        }
+    }
+
+    /// The quote the gate holds for `symbol`, accepted or not; `None` without a gate. A client
+    /// prices its order from it.
+    pub fn quote(&self, symbol: &str) -> Option<Quote> {
+        self.quotes.as_ref().and_then(|g| g.quote(symbol))
     }
 
     async fn handle(
@@ -104,7 +153,7 @@ impl Intake {
         account_id: i64,
         key: &str,
         command: &Command,
-    ) -> Result<Outcome, WriteSideError> {
+    ) -> Result<Handled, WriteSideError> {
         if key.is_empty() || key.len() > MAX_KEY_BYTES || key.chars().any(char::is_control) {
             return Err(WriteSideError::InvalidRequest(format!(
                 "an idempotency key is 1 to {MAX_KEY_BYTES} bytes without control characters"
@@ -146,29 +195,55 @@ impl Intake {
                 });
             }
             let reply: Option<serde_json::Value> = row.get(1);
-            let reply = reply.ok_or_else(|| {
+            let mut reply = reply.ok_or_else(|| {
                 WriteSideError::Corrupt(format!(
                     "key {key:?} of account {account_id} was committed without its reply"
                 ))
             })?;
-            return Ok(Outcome::Replayed(reply_from_json(reply)?));
+            if let Some(refused) = reply.get_mut(REFUSED).map(serde_json::Value::take) {
+                let refused = serde_json::from_value(refused).map_err(|e| {
+                    WriteSideError::Corrupt(format!(
+                        "the stored refusal of key {key:?} of account {account_id} does not read back: {e}"
+                    ))
+                })?;
+                return Ok(Handled::QuoteRefused {
+                    refused,
+                    replayed: true,
+                });
+            }
+            return Ok(Handled::Done(Outcome::Replayed(reply_from_json(reply)?)));
+        }
+        let store = tx
+            .prepare_cached(&sql::STORE_REPLY)
+            .await
+            .map_err(db("preparing the reply store"))?;
+        if let (Command::Order(order), Some(gate)) = (command, &self.quotes) {
+            // Checked now, with the key held: this answer is the key's for good.
+            if let Err(refusal) = gate.check(&order.symbol) {
+                let refused = OrderRefused::new(&order.symbol, refusal);
+                let json = serde_json::json!({ REFUSED: refused });
+                tx.execute(&store, &[&account_id, &key, &json])
+                    .await
+                    .map_err(db("storing the refusal"))?;
+                tx.commit().await.map_err(db("committing the refusal"))?;
+                return Ok(Handled::QuoteRefused {
+                    refused,
+                    replayed: false,
+                });
+            }
         }
         // A refusal or a failure returns here and drops `tx`, which rolls back the key claim
         // with everything else: the same request can come again.
         let reply = ledger::write(&tx, &self.instance, account_id, command).await?;
         let json = serde_json::to_value(&reply)
             .map_err(|e| WriteSideError::Corrupt(format!("cannot store a reply: {e}")))?;
-        let store = tx
-            .prepare_cached(&sql::STORE_REPLY)
-            .await
-            .map_err(db("preparing the reply store"))?;
         tx.execute(&store, &[&account_id, &key, &json])
             .await
             .map_err(db("storing the first reply"))?;
         tx.commit()
             .await
             .map_err(db("committing the request's transaction"))?;
-        Ok(Outcome::Accepted(reply))
+        Ok(Handled::Done(Outcome::Accepted(reply)))
     }
 
     /// The current net quantity of a position (zero when the account never traded the
