@@ -878,6 +878,19 @@ async fn simulate_runs_end_to_end_and_refuses_bad_arguments_in_one_line() {
     );
     assert!(retries > 0 && deduplicated == retries, "{stdout}");
     assert!(injected > 0, "{stdout}");
+    // The built-in quote feed ran, and every request was answered one way: written, replayed,
+    // refused (key reuse, a rule, the quote gate).
+    assert!(figure(&stdout, "quotes", "ticks sent") > 0, "{stdout}");
+    assert!(
+        figure(&stdout, "quotes", "clock offset") >= 2400,
+        "measured, the simulator's clock is 2.5 s behind:\n{stdout}"
+    );
+    let on_quotes = figure(&stdout, "refused", "on the quote");
+    assert_eq!(
+        requests,
+        events + deduplicated + refused + figure(&stdout, "requests", "rejected") + on_quotes,
+        "{stdout}"
+    );
     assert_eq!(published, events + injected, "{stdout}");
     assert_eq!(
         figure(&stdout, "outbox", "sent,"),
@@ -913,6 +926,14 @@ async fn simulate_runs_end_to_end_and_refuses_bad_arguments_in_one_line() {
         ),
         (vec!["--accounts", "x"], "--accounts"),
         (vec!["--duration", "soon"], "--duration"),
+        (vec!["--quotes", "nowhere"], "--quotes"),
+        (vec!["--quote-feed", "fast"], "--quote-feed"),
+        (
+            vec!["--quote-loss-percent", "100.5"],
+            "--quote-loss-percent",
+        ),
+        (vec!["--quote-stale-after", "soon"], "--quote-stale-after"),
+        (vec!["--quote-clock-skew-ms", "x"], "--quote-clock-skew-ms"),
     ] {
         let mut args = vec!["simulate", "--brokers", "127.0.0.1:1", "--topic", "t"];
         args.extend(bad);

@@ -129,6 +129,16 @@ pub struct Limits {
     pub source_stale_after_ms: Millis,
 }
 
+impl Default for Limits {
+    /// 500 ms of silence; 2 s at the source, the seed's example.
+    fn default() -> Self {
+        Self {
+            stale_after_ms: 500,
+            source_stale_after_ms: 2000,
+        }
+    }
+}
+
 /// One symbol's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SymbolState {

@@ -240,6 +240,17 @@ impl QuoteGate {
     }
 }
 
+/// What a feed and its gate did, for a report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotesReport {
+    /// Where the feed is.
+    pub feed_addr: SocketAddr,
+    /// What the built-in simulator sent; `None` for another feed.
+    pub feed: Option<FeedReport>,
+    /// What the gate saw.
+    pub gate: GateReport,
+}
+
 /// A feed (the built-in simulator on loopback, or another one) and the gate's receiver,
 /// running.
 #[derive(Debug)]
@@ -312,6 +323,15 @@ impl Quotes {
         self.feed.as_ref().map(|s| s.report())
     }
 
+    /// What the feed and the gate did so far.
+    pub fn report(&self) -> QuotesReport {
+        QuotesReport {
+            feed_addr: self.feed_addr,
+            feed: self.feed_report(),
+            gate: self.gate.report(),
+        }
+    }
+
     /// Waits until an order on every symbol would be accepted, for at most `within`; the error
     /// names the first symbol that is not, and why.
     pub async fn ready(&self, within: Duration) -> Result<(), WriteSideError> {
@@ -338,10 +358,10 @@ impl Quotes {
     }
 
     /// Stops the receiver and the simulator, and returns the first failure of either.
-    pub async fn stop(self) -> Result<(), WriteSideError> {
+    pub async fn stop(mut self) -> Result<(), WriteSideError> {
         self.stop.cancel();
         let mut first = Ok(());
-        for task in self.tasks {
+        for task in std::mem::take(&mut self.tasks) {
             let result = task.await.unwrap_or_else(|e| {
                 Err(WriteSideError::Quotes(format!(
                     "a quote task ended abnormally: {e}"
@@ -352,6 +372,13 @@ impl Quotes {
             }
         }
         first
+    }
+}
+
+impl Drop for Quotes {
+    /// A feed and a receiver left running would serve a gate nobody reads.
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }
 
