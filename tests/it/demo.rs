@@ -106,6 +106,8 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
         events > 2 * (stale + source + suspect),
         "most orders are accepted:\n{all}"
     );
+    // A retry gets the first answer, a refusal on the quote included: never a second one.
+    assert_eq!(write("deduplicated "), write("retried "), "{all}");
     // Each request answered one way: written, replayed, refused (key, rule or quote).
     assert_eq!(
         write("requests      "),
