@@ -56,3 +56,4 @@ mod views_conformance;
 mod views_golden;
 mod writeside;
 mod writeside_quote_gate;
+mod writeside_quote_gate_acceptance;
