@@ -52,7 +52,9 @@ impl QuoteMetrics {
     pub(crate) fn tick(&mut self, symbol: &str, verdict: TickVerdict) {
         let m = self.symbol(symbol);
         match verdict {
-            TickVerdict::Applied { lost } => m.lost.increment(lost),
+            TickVerdict::Applied { lost } | TickVerdict::Incomplete { lost } => {
+                m.lost.increment(lost);
+            }
             TickVerdict::Duplicate => m.duplicates.increment(1),
             TickVerdict::Late => m.late.increment(1),
         }

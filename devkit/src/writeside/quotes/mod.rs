@@ -55,8 +55,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use feed::{Feed, FeedConfig, FeedReport, FeedStats, FeedSymbol, Percent};
 pub use gate::{
-    Awaited, ClockOffset, FeedMode, Gate, HeartbeatVerdict, Limits, Millis, Quote, Refusal,
-    Snapshot, Stats, SymbolState, Tick, TickVerdict,
+    Awaited, ClockEstimate, ClockOffset, FeedMode, Gate, HeartbeatVerdict, Limits, Millis, Quote,
+    Refusal, Snapshot, SnapshotVerdict, Stats, SymbolState, Tick, TickVerdict,
 };
 pub(crate) use metrics::order_refused;
 pub use receiver::{Receiver, ReceiverConfig};

@@ -3,12 +3,14 @@
 //! - At start, and for any symbol that has no sequence yet (the first snapshot was lost), it
 //!   sends `subscribe`, at most once per [`ReceiverConfig::resync_every`] per symbol.
 //! - A suspect symbol of a *delta* feed is reconnected the same way: only a snapshot heals it,
-//!   and the feed sends one when asked. A full feed heals at its next tick, so it never asks.
+//!   and the feed sends one when asked. A full feed heals at its next tick, so it asks only
+//!   when the gate wants its numbering reset ([`super::SymbolState::resync`]: a heartbeat
+//!   behind the stream, an overtaken snapshot), in either mode.
 //! - Every [`ReceiverConfig::ping_every`] it pings the feed; each pong is a sample of the clock
 //!   offset ([`super::ClockOffset`]), which the gate subtracts from source ages.
 //! - Every datagram from the feed's address goes to the gate at the moment it arrives;
 //!   datagrams from any other address, or that do not parse, are counted and dropped (anyone on
-//!   the host can send to a UDP port).
+//!   the host can send to a UDP port), and so is a full feed's tick without both prices.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -18,7 +20,7 @@ use tokio::net::UdpSocket;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-use super::gate::{ClockOffset, FeedMode, Gate, Limits, Millis, Snapshot, Tick};
+use super::gate::{ClockOffset, FeedMode, Gate, Limits, Millis, Snapshot, Tick, TickVerdict};
 use super::metrics::QuoteMetrics;
 use super::wire::{Datagram, MAX_DATAGRAM_BYTES, MAX_SUBSCRIBE_SYMBOLS};
 use super::QuoteGate;
@@ -130,6 +132,9 @@ impl Handler {
                 };
                 let verdict = self.gate.update(|g, now| g.tick(&symbol, &tick, now));
                 self.metrics.tick(&symbol, verdict);
+                if matches!(verdict, TickVerdict::Incomplete { .. }) {
+                    self.invalid();
+                }
             }
             Datagram::Heartbeat { symbol, next_seq } => {
                 let verdict = self
@@ -161,10 +166,11 @@ impl Handler {
                 };
                 let sent = self.pings.remove(i).map_or(0, |(_, at)| at);
                 let received = self.gate.now();
-                let estimate = self.offset.sample(sent, feed_ms, received);
-                self.gate.update(|g, _| g.set_clock_offset(estimate));
-                if let Some(offset) = estimate {
-                    self.metrics.clock_offset(offset);
+                self.offset.sample(sent, feed_ms, received);
+                let estimate = self.offset.estimate();
+                self.gate.update(|g, _| g.set_clock(estimate));
+                if let Some(estimate) = estimate {
+                    self.metrics.clock_offset(estimate.offset_ms);
                 }
             }
             Datagram::Subscribe { .. } | Datagram::Ping { .. } => {
@@ -208,7 +214,9 @@ impl Handler {
                 .filter(|s| match g.symbol(s) {
                     None => true,
                     Some(state) => {
-                        state.last_seq.is_none() || (mode == FeedMode::Delta && state.suspect)
+                        state.last_seq.is_none()
+                            || state.resync
+                            || (mode == FeedMode::Delta && state.suspect)
                     }
                 })
                 .filter(|s| {
@@ -564,5 +572,88 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_symbol_whose_numbering_may_have_restarted_is_reconnected_in_either_mode() {
+        for mode in [FeedMode::Full, FeedMode::Delta] {
+            let mut h = Handler::new(config(mode));
+            let subscribes = |out: Vec<Datagram>| -> Vec<Vec<String>> {
+                out.into_iter()
+                    .filter_map(|d| match d {
+                        Datagram::Subscribe { symbols } => Some(symbols),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            let t = 1_000_000;
+            h.due(t);
+            for symbol in ["EURUSD", "GBPUSD"] {
+                h.on_datagram(
+                    &Datagram::Snapshot {
+                        symbol: symbol.to_owned(),
+                        seq: 0,
+                        bid: Decimal::ONE,
+                        ask: Decimal::TWO,
+                        source_ms: 0,
+                    }
+                    .encode(),
+                );
+            }
+            for seq in 1..=5 {
+                h.on_datagram(&tick(seq));
+            }
+            assert!(subscribes(h.due(t + 600)).is_empty(), "{mode:?}: all well");
+            // The provider numbers from 1 again and its snapshot was lost: the ticks are late
+            // and the heartbeat is behind.
+            h.on_datagram(&tick(1));
+            h.on_datagram(
+                &Datagram::Heartbeat {
+                    symbol: "EURUSD".to_owned(),
+                    next_seq: 2,
+                }
+                .encode(),
+            );
+            assert_eq!(
+                subscribes(h.due(t + 1200)),
+                [vec!["EURUSD".to_owned()]],
+                "{mode:?}"
+            );
+            assert_eq!(h.gate.report().reconnects, 1, "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn a_full_tick_without_both_prices_is_counted_invalid() {
+        let recorder = DebuggingRecorder::new();
+        metrics::with_local_recorder(&recorder, || {
+            let mut h = Handler::new(config(FeedMode::Full));
+            h.gate.update(|g, _| g.set_clock_offset(Some(0)));
+            h.on_datagram(&tick(1));
+            assert!(h.gate.check("EURUSD").is_ok());
+            h.on_datagram(
+                &Datagram::Tick {
+                    symbol: "EURUSD".to_owned(),
+                    seq: 3,
+                    bid: Some(Decimal::ONE),
+                    ask: None,
+                    source_ms: 0,
+                }
+                .encode(),
+            );
+            let report = h.gate.report();
+            assert_eq!((report.invalid, report.stats.incomplete), (1, 1));
+            let r = recorded(&recorder);
+            assert_eq!(value(&r, "projector_quote_datagrams_invalid_total", &[]), 1);
+            assert_eq!(
+                value(&r, "projector_quote_ticks_lost_total", &["symbol=EURUSD"]),
+                1,
+                "2 never came"
+            );
+            assert!(matches!(
+                h.gate.check("EURUSD"),
+                Err(Refusal::Suspect { .. })
+            ));
+        });
     }
 }

@@ -145,6 +145,15 @@ impl Datagram {
                 ));
             }
         }
+        // A quote's price is what an order fills at: it must be one a fill can carry.
+        let prices: [Option<&Decimal>; 2] = match self {
+            Self::Tick { bid, ask, .. } => [bid.as_ref(), ask.as_ref()],
+            Self::Snapshot { bid, ask, .. } => [Some(bid), Some(ask)],
+            _ => [None, None],
+        };
+        if let Some(p) = prices.into_iter().flatten().find(|p| p.is_sign_negative()) {
+            return bad(format!("price {p} is negative"));
+        }
         match self {
             Self::Tick { seq, .. } | Self::Snapshot { seq, .. } if *seq < 0 => {
                 bad(format!("seq {seq} is negative"))
@@ -267,7 +276,15 @@ mod tests {
 
     #[test]
     fn out_of_range_datagrams_are_refused_by_what_is_wrong() {
-        let cases: [(&[u8], &str); 7] = [
+        let cases: [(&[u8], &str); 9] = [
+            (
+                br#"{"type":"tick","symbol":"E","seq":1,"ask":"-1.5","source_ms":0}"#,
+                "price -1.5 is negative",
+            ),
+            (
+                br#"{"type":"snapshot","symbol":"E","seq":1,"bid":"-0.01","ask":"1","source_ms":0}"#,
+                "negative",
+            ),
             (
                 br#"{"type":"tick","symbol":"","seq":1,"bid":"1","source_ms":0}"#,
                 "symbol",
