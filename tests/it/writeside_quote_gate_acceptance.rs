@@ -14,7 +14,7 @@ use projector_devkit::writeside::quotes::{
     FeedConfig, FeedMode, FeedSymbol, Limits, LocalClock, QuoteGate, Quotes, ReceiverConfig,
     Refusal,
 };
-use projector_devkit::writeside::{Order, Side, WriteSide, WriteSideError};
+use projector_devkit::writeside::{Order, Outcome, Side, WriteSide, WriteSideError};
 use projector_engine::testkit::TestDb;
 use projector_engine::Registry;
 use rust_decimal::Decimal;
@@ -175,7 +175,6 @@ async fn until(gate: &QuoteGate, what: &str, wanted: impl Fn(&Result<Decimal, Re
 /// the wait, however stale the quote has gone since: docs/write-side.md calls that window "a
 /// few milliseconds".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: the quote is checked before the account's lock wait, the order commits after it on a stale quote"]
 async fn an_order_is_not_accepted_on_a_quote_that_went_stale_while_it_waited_for_its_account() {
     let db = TestDb::new(&Registry::new()).await;
     let feed = HandFeed::start().await;
@@ -288,7 +287,6 @@ async fn an_order_is_not_accepted_on_a_quote_that_went_stale_while_it_waited_for
 /// stale) and placed once the next tick healed it fills at the suspect price, which the gate
 /// never vouched for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: an order priced from a quote the gate refused fills at that price once the symbol heals"]
 async fn an_order_priced_on_a_quote_the_gate_refused_does_not_fill_at_that_price() {
     let db = TestDb::new(&Registry::new()).await;
     let feed = HandFeed::start().await;
@@ -343,6 +341,177 @@ async fn an_order_priced_on_a_quote_the_gate_refused_does_not_fill_at_that_price
             dec("1.08500"),
             "filled at the price of a suspect quote, not of the quote the gate accepted"
         );
+    }
+    quotes.stop().await.expect("stopped");
+}
+
+/// Waits until some statement of the test's database waits on a lock.
+async fn until_a_statement_waits_on_a_lock(observer: &tokio_postgres::Client, what: &str) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let queued: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        if queued > 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what} never queued");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The last check runs with everything written, right before the commit: an order held up
+/// after its account's lock (here by a position row another transaction holds) and whose quote
+/// goes stale meanwhile is refused, and the refusal leaves nothing but itself: the seq goes
+/// back (the next order takes it, no gap), no event, outbox row or position move, and a retry
+/// gets the same refusal. The next order fills at the quote, whatever price it carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_refused_right_before_its_commit_leaves_only_its_refusal() {
+    let db = TestDb::new(&Registry::new()).await;
+    let feed = HandFeed::start().await;
+    let limits = Limits {
+        stale_after_ms: 1000,
+        source_stale_after_ms: 600_000,
+    };
+    let quotes = gate_on(&feed, limits).await;
+    let gate = quotes.gate().clone();
+    let write_side = WriteSide::new(projector_engine::db::pool(db.url(), 4).expect("pool"))
+        .await
+        .expect("write side")
+        .with_quotes(gate.clone());
+    let intake = write_side.intake();
+    let pool = write_side.pool().clone();
+    feed.snapshot(0, "1.08418", "1.08422").await;
+    feed.tick(1, "1.08420", "1.08424").await;
+    until(&gate, "a usable quote", Result::is_ok).await;
+    let beating = CancellationToken::new();
+    let pump = {
+        let beating = beating.clone();
+        let feed = &feed;
+        async move {
+            let mut every = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tokio::select! {
+                    () = beating.cancelled() => std::future::pending::<()>().await,
+                    _ = every.tick() => feed.heartbeat(2).await,
+                }
+            }
+        }
+    };
+
+    let scenario = async {
+        let first = intake
+            .place(5, "first", buy(dec("1")))
+            .await
+            .expect("accepted");
+        assert_eq!(first.reply().price, Some(dec("1.08424")), "at the ask");
+
+        let mut holder = pool.get().await.expect("connection");
+        let held = holder.transaction().await.expect("begin");
+        held.query(
+            "SELECT 1 FROM public.positions WHERE account_id = 5 AND symbol = 'EURUSD' FOR UPDATE",
+            &[],
+        )
+        .await
+        .expect("lock the position row");
+        let waiting = {
+            let intake = intake.clone();
+            tokio::spawn(async move { intake.place(5, "held", buy(dec("1.08424"))).await })
+        };
+        let observer = pool.get().await.expect("connection");
+        // Past its account's lock and the check after it, queued on the position.
+        until_a_statement_waits_on_a_lock(&observer, "the order's position move").await;
+        beating.cancel();
+        until(&gate, "a stale quote", |r| {
+            matches!(r, Err(Refusal::StaleQuote { .. }))
+        })
+        .await;
+        held.rollback().await.expect("release the row");
+
+        let answer = waiting.await.expect("task");
+        let Err(WriteSideError::QuoteRefused(refused)) = answer else {
+            panic!("committed while its quote was stale: {answer:?}");
+        };
+        assert_eq!(refused.refusal.reason(), "stale_quote");
+        let count = |sql: &'static str| {
+            let observer = &observer;
+            async move {
+                let n: i64 = observer.query_one(sql, &[]).await.expect(sql).get(0);
+                n
+            }
+        };
+        assert_eq!(count("SELECT count(*) FROM writeside.events").await, 1);
+        assert_eq!(count("SELECT count(*) FROM writeside.outbox").await, 1);
+        assert_eq!(
+            count("SELECT last_seq FROM public.account_seq WHERE account_id = 5").await,
+            1,
+            "the seq went back"
+        );
+        let net: Decimal = observer
+            .query_one(
+                "SELECT net_qty FROM public.positions WHERE account_id = 5 AND symbol = 'EURUSD'",
+                &[],
+            )
+            .await
+            .expect("position")
+            .get(0);
+        assert_eq!(net, dec("10"), "the first order's only");
+        let stored: serde_json::Value = observer
+            .query_one(
+                "SELECT reply FROM writeside.idempotency_keys WHERE account_id = 5 AND key = 'held'",
+                &[],
+            )
+            .await
+            .expect("the key")
+            .get(0);
+        assert_eq!(stored["refused"]["reason"], "stale_quote", "{stored}");
+
+        // The feed heals; the retry still gets the first answer.
+        feed.tick(2, "1.08430", "1.08436").await;
+        until(&gate, "the quote of tick 2", |r| r == &Ok(dec("1.08436"))).await;
+        let retried = intake.place(5, "held", buy(dec("1.08424"))).await;
+        assert!(
+            matches!(&retried, Err(WriteSideError::QuoteRefused(r)) if *r == refused),
+            "{retried:?}"
+        );
+        // A sell priced far off fills at the bid, at the seq the refusal gave back.
+        let sell = Order {
+            side: Side::Sell,
+            ..buy(dec("999"))
+        };
+        let third = intake
+            .place(5, "third", sell.clone())
+            .await
+            .expect("accepted");
+        assert!(third.is_accepted(), "{third:?}");
+        assert_eq!(
+            (third.reply().seq, third.reply().price),
+            (2, Some(dec("1.08430")))
+        );
+        // Its retry reads the reply back, fill price and all, once the quote has moved on.
+        feed.tick(3, "1.08440", "1.08446").await;
+        until(&gate, "the quote of tick 3", |r| r == &Ok(dec("1.08446"))).await;
+        let again = intake.place(5, "third", sell).await.expect("replayed");
+        assert_eq!(again, Outcome::Replayed(third.reply().clone()));
+        let price: String = observer
+            .query_one(
+                "SELECT payload::jsonb -> 'data' ->> 'price' FROM writeside.events WHERE event_id = $1",
+                &[&third.reply().event_id],
+            )
+            .await
+            .expect("the fill")
+            .get(0);
+        assert_eq!(price, "1.08430");
+    };
+    tokio::select! {
+        () = scenario => {}
+        _ = pump => unreachable!("the heartbeats run until the scenario ends"),
     }
     quotes.stop().await.expect("stopped");
 }

@@ -16,22 +16,34 @@
 //! fill comes out.
 //!
 //! With a quote gate ([`super::WriteSide::with_quotes`]), an order is checked once its key is
-//! claimed, before anything else is written: a stale, stale-at-source or suspect quote refuses
-//! it. The refusal is stored as the key's reply in that transaction and committed with no
-//! event, no seq and no position move, and every retry under the key gets that refusal again:
-//! the first answer is the answer (seed 000), even once the quote is fresh. Checking before the
-//! claim would let a retry racing the first attempt be checked on its own, later quote; the
-//! claim makes it wait for the first attempt's answer instead. Busts and cash movements do not
+//! claimed, again once its account is locked, and a last time right before the commit: a
+//! stale, stale-at-source or suspect quote at any of the three refuses it. The account's lock
+//! is the write's one wait, and it lasts as long as the account's other transactions do: a
+//! check made only before it would let an order commit on a quote that went stale while it
+//! queued. The refusal is stored as the key's reply in that transaction and committed with no
+//! event, no seq and no position move (what was written after the lock is rolled back to a
+//! savepoint), and every retry under the key gets that refusal again: the first answer is the
+//! answer (seed 000), even once the quote is fresh. Checking before the claim would let a
+//! retry racing the first attempt be checked on its own, later quote; the claim makes it wait
+//! for the first attempt's answer instead.
+//!
+//! Behind the gate the fill's price is the quote the check after the lock accepted (the ask
+//! for a buy, the bid for a sell), never the order's own: a client prices its order from the
+//! quote it last saw, which may be one the gate refuses, and a price the gate never vouched
+//! for must not become a fill once the symbol heals. The order's price stays part of the
+//! request (its hash), and the reply says what it filled at. Busts and cash movements do not
 //! depend on a price and are not checked.
 
 use std::sync::Arc;
 
-use deadpool_postgres::Pool;
+use deadpool_postgres::{Pool, Transaction};
+use rust_decimal::Decimal;
 use tokio::sync::Notify;
+use tokio_postgres::Statement;
 
 use super::counters::{add, Counters};
 use super::error::{db, OrderRefused, WriteSideError};
-use super::ledger::{self, reply_from_json, Command, Order, Reply};
+use super::ledger::{self, reply_from_json, Command, Order, Reply, Side};
 use super::quotes::{self, Quote, QuoteGate, Refusal};
 use super::sql;
 
@@ -143,7 +155,8 @@ impl Intake {
     }
 
     /// The quote the gate holds for `symbol`, accepted or not; `None` without a gate. A client
-    /// prices its order from it.
+    /// prices its order from it, as a screen shows a price; the fill is at the quote the gate
+    /// accepts when the order is written.
     pub fn quote(&self, symbol: &str) -> Option<Quote> {
         self.quotes.as_ref().and_then(|g| g.quote(symbol))
     }
@@ -218,28 +231,67 @@ impl Intake {
             .await
             .map_err(db("preparing the reply store"))?;
         if let (Command::Order(order), Some(gate)) = (command, &self.quotes) {
-            // Checked now, with the key held: this answer is the key's for good.
-            if let Err(refusal) = gate.check(&order.symbol) {
-                let refused = OrderRefused::new(&order.symbol, refusal);
-                let json = serde_json::json!({ REFUSED: refused });
-                tx.execute(&store, &[&account_id, &key, &json])
-                    .await
-                    .map_err(db("storing the refusal"))?;
-                tx.commit().await.map_err(db("committing the refusal"))?;
-                return Ok(Handled::QuoteRefused {
-                    refused,
-                    replayed: false,
-                });
-            }
+            return self
+                .place_on_quote(tx, &store, account_id, key, order, gate)
+                .await;
         }
         // A refusal or a failure returns here and drops `tx`, which rolls back the key claim
         // with everything else: the same request can come again.
         let reply = ledger::write(&tx, &self.instance, account_id, command).await?;
-        let json = serde_json::to_value(&reply)
-            .map_err(|e| WriteSideError::Corrupt(format!("cannot store a reply: {e}")))?;
-        tx.execute(&store, &[&account_id, &key, &json])
+        store_reply(&tx, &store, account_id, key, &reply).await?;
+        tx.commit()
             .await
-            .map_err(db("storing the first reply"))?;
+            .map_err(db("committing the request's transaction"))?;
+        Ok(Handled::Done(Outcome::Accepted(reply)))
+    }
+
+    /// An order behind the quote gate, its key claimed in `tx`. Checked three times, each
+    /// refusal stored as the key's reply and committed with nothing else:
+    ///
+    /// 1. at once, so that an order on a quote refused already does not queue for its account;
+    /// 2. once the account's counter row is locked, after the only wait of the write, however
+    ///    long: this check's quote is the fill's price (the ask for a buy, the bid for a
+    ///    sell), whatever the order's own says;
+    /// 3. with everything written, right before the commit: no wait is left but the commit's.
+    ///
+    /// A refusal at 2 or 3 rolls back to a savepoint set before the lock, which undoes the seq
+    /// bump (no gap, the lock released), the event, its outbox row and the position move.
+    async fn place_on_quote(
+        &self,
+        tx: Transaction<'_>,
+        store: &Statement,
+        account_id: i64,
+        key: &str,
+        order: &Order,
+        gate: &QuoteGate,
+    ) -> Result<Handled, WriteSideError> {
+        if let Err(refusal) = gate.check(&order.symbol) {
+            return refuse(tx, store, account_id, key, &order.symbol, refusal).await;
+        }
+        tx.batch_execute(&sql::SAVEPOINT_FILL)
+            .await
+            .map_err(db("setting the order's savepoint"))?;
+        let locked = ledger::lock(&tx, account_id).await?;
+        let price = match gate.check(&order.symbol) {
+            Ok(quote) => fill_price(&quote, order)?,
+            Err(refusal) => {
+                return refuse_after_lock(tx, store, account_id, key, &order.symbol, refusal).await
+            }
+        };
+        let command = Command::Order(order.clone());
+        let reply = ledger::write_locked(
+            &tx,
+            &self.instance,
+            account_id,
+            locked,
+            &command,
+            Some(price),
+        )
+        .await?;
+        store_reply(&tx, store, account_id, key, &reply).await?;
+        if let Err(refusal) = gate.check(&order.symbol) {
+            return refuse_after_lock(tx, store, account_id, key, &order.symbol, refusal).await;
+        }
         tx.commit()
             .await
             .map_err(db("committing the request's transaction"))?;
@@ -271,4 +323,74 @@ impl Intake {
             }),
         }
     }
+}
+
+/// The quote's price for `order`: what a buy pays (the ask), what a sell gets (the bid).
+fn fill_price(quote: &Quote, order: &Order) -> Result<Decimal, WriteSideError> {
+    let price = match order.side {
+        Side::Buy => quote.ask,
+        Side::Sell => quote.bid,
+    };
+    // The gate accepts no quote without both prices.
+    price.ok_or_else(|| {
+        WriteSideError::Corrupt(format!(
+            "the quote gate accepted a quote of {} without a {} price",
+            order.symbol,
+            match order.side {
+                Side::Buy => "ask",
+                Side::Sell => "bid",
+            }
+        ))
+    })
+}
+
+async fn store_reply(
+    tx: &Transaction<'_>,
+    store: &Statement,
+    account_id: i64,
+    key: &str,
+    reply: &Reply,
+) -> Result<(), WriteSideError> {
+    let json = serde_json::to_value(reply)
+        .map_err(|e| WriteSideError::Corrupt(format!("cannot store a reply: {e}")))?;
+    tx.execute(store, &[&account_id, &key, &json])
+        .await
+        .map_err(db("storing the first reply"))?;
+    Ok(())
+}
+
+/// Stores the gate's refusal as the key's reply and commits it: the key's answer for good.
+async fn refuse(
+    tx: Transaction<'_>,
+    store: &Statement,
+    account_id: i64,
+    key: &str,
+    symbol: &str,
+    refusal: Refusal,
+) -> Result<Handled, WriteSideError> {
+    let refused = OrderRefused::new(symbol, refusal);
+    let json = serde_json::json!({ REFUSED: refused });
+    tx.execute(store, &[&account_id, &key, &json])
+        .await
+        .map_err(db("storing the refusal"))?;
+    tx.commit().await.map_err(db("committing the refusal"))?;
+    Ok(Handled::QuoteRefused {
+        refused,
+        replayed: false,
+    })
+}
+
+/// [`refuse`], once the order's savepoint is set: everything after it is undone first.
+async fn refuse_after_lock(
+    tx: Transaction<'_>,
+    store: &Statement,
+    account_id: i64,
+    key: &str,
+    symbol: &str,
+    refusal: Refusal,
+) -> Result<Handled, WriteSideError> {
+    tx.batch_execute(&sql::ROLLBACK_FILL)
+        .await
+        .map_err(db("rolling the refused order back"))?;
+    refuse(tx, store, account_id, key, symbol, refusal).await
 }

@@ -9,8 +9,9 @@
 //! - picks what to do: a bust of one of the account's earlier fills that is not busted yet
 //!   ([`LoadConfig::bust_percent`]), a cash movement ([`LoadConfig::cash_percent`]), or an order:
 //!   random, or (one in [`LoadConfig::close_percent`]) the exact opposite of the account's
-//!   position, which closes it; priced at the quote's ask (buy) or bid (sell) when the intake
-//!   has a quote gate, else at a random price near the symbol's;
+//!   position, which closes it; priced at the quote's ask (buy) or bid (sell) as it stands
+//!   when the intake has a quote gate (a quote the gate may refuse: the fill is then at the
+//!   quote the gate accepts, not at this price), else at a random price near the symbol's;
 //! - makes a fresh idempotency key for it (once per logical request, as seed 000 says);
 //! - sends it, and with [`LoadConfig::retry_percent`] chance sends it again under the same key,
 //!   as a client that lost the reply would: half the time after the first reply came back,
@@ -359,8 +360,9 @@ async fn next_command(
     let (symbol, base, scale) =
         SYMBOLS[usize::try_from(rng.below(SYMBOLS.len() as u64)).unwrap_or(0)];
     let random = Decimal::new(base + rng.int(2001) - 1000, scale);
-    // Priced off the feed when there is one: a buy at the ask, a sell at the bid, as quoted now
-    // (the gate then decides whether that quote may be traded on).
+    // Priced off the feed when there is one: a buy at the ask, a sell at the bid, as quoted now,
+    // the way a screen shows a price. The gate decides whether the order may trade, and at
+    // which quote.
     let priced = |side: Side| {
         let quote = shared.intake.quote(symbol);
         let quoted = quote.and_then(|q| match side {
