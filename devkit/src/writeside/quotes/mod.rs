@@ -7,8 +7,10 @@
 //!       ▲  loss, duplicates, reordering, bursts, a lagging source, a skewed clock          │
 //!       └────────────── UDP: subscribe (start, reconnect), ping ◀─────────────────────────┤
 //!                                                                                         ▼
-//!  order ──▶ intake: key claimed ──▶ gate.check(symbol) ── refused: the reason is the key's reply
-//!                                          └── accepted: the ledger writes the fill
+//!  order ──▶ intake: key claimed ─▶ check ─▶ account locked ─▶ check: its quote prices the fill
+//!                                    │                               ─▶ fill written ─▶ check ─▶ commit
+//!                                    └─ refused at any check: undone back to the claim; the reason is
+//!                                       the key's reply
 //! ```
 //!
 //! # Layout
@@ -17,8 +19,8 @@
 //!   snapshots, the three checks, the clock offset from pings). No I/O, no clock.
 //! - [`wire`]: one JSON datagram per message, prices as decimal strings.
 //! - [`feed`]: the built-in feed simulator with its faults.
-//! - [`receiver`]: the gate's UDP side: subscribes, reconnects a suspect delta symbol for a
-//!   snapshot, pings for the clock offset, feeds every datagram to the gate, and records the
+//! - [`receiver`]: the gate's UDP side: subscribes, reconnects a suspect delta symbol (or any
+//!   symbol whose numbering may have been reset) for a snapshot, pings for the clock offset, feeds every datagram to the gate, and records the
 //!   metrics.
 //! - this module: the [`LocalClock`], the shared [`QuoteGate`] the intake checks, and [`Quotes`],
 //!   which runs a feed and a receiver together.
@@ -32,8 +34,8 @@
 //! | `projector_quote_ticks_lost_total` | symbol | ticks never received: every forward gap a tick or heartbeat showed (the seed's total) |
 //! | `projector_quote_ticks_dropped_total` | symbol, kind (`duplicate`, `late`) | ticks at or below the last sequence, dropped |
 //! | `projector_quote_suspect_symbols` | | (gauge) symbols suspect now |
-//! | `projector_quote_reconnects_total` | | snapshots asked for again (a suspect delta symbol, a lost snapshot) |
-//! | `projector_quote_datagrams_invalid_total` | | datagrams that do not parse, go the wrong way or come from another address |
+//! | `projector_quote_reconnects_total` | | snapshots asked for again (a suspect delta symbol, a lost snapshot, a heartbeat behind, an overtaken snapshot) |
+//! | `projector_quote_datagrams_invalid_total` | | datagrams that do not parse, go the wrong way or come from another address, and a full feed's ticks without both prices |
 //! | `projector_quote_clock_offset_ms` | | (gauge) the measured offset, our clock minus the feed's |
 //! | `projector_orders_refused_total` | reason (`stale_quote`, `stale_at_source`, `suspect`) | orders the gate refused (first answers; a retry gets the stored one) |
 
