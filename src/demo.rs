@@ -2,7 +2,9 @@
 //!
 //! A write side (`projector_devkit::writeside`, the pieces of `projector simulate`) takes
 //! orders from clients that retry on purpose and publishes through an outbox relay that
-//! "crashes" between publish and mark, so events arrive more than once at new offsets. The
+//! "crashes" between publish and mark, so events arrive more than once at new offsets. Beside
+//! it, prices arrive at most once: a quote feed over UDP on loopback loses, repeats and
+//! reorders ticks, and the quote gate refuses orders on stale or suspect quotes. The
 //! dev broker (librdkafka's mock cluster) runs in this process. Two `projector run`
 //! processes consume the topic into every view: B joins midway (the group rebalances), A is
 //! killed with SIGKILL (B takes its partitions over). Meanwhile `portfolio` is rebuilt into
@@ -24,6 +26,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use projector_devkit::devbroker::DevBroker;
 use projector_devkit::reconcile::{reconcile, ViewReconciliation};
+use projector_devkit::writeside::quotes::{
+    FeedConfig, FeedMode, FeedSymbol, Limits, QuotesReport, ReceiverConfig,
+};
 use projector_devkit::writeside::{LoadConfig, RelayConfig, Report as WriteReport, WriteSide};
 use projector_engine::kafka::source::KafkaConfig;
 use projector_engine::Registry;
@@ -130,6 +135,7 @@ struct Report {
     load: LoadConfig,
     ran: Duration,
     write: WriteReport,
+    quotes: QuotesReport,
     story: Vec<String>,
     views: Vec<ViewStats>,
     max_lag: i64,
@@ -168,6 +174,21 @@ impl Report {
             w.deduplicated,
             w.refused,
             w.rejected
+        ));
+        let q = &self.quotes;
+        line(format!(
+            "  quotes        ticks sent {} over UDP (lost {}, late {}, duplicates {}; {} reconnects; clock offset {}); orders refused: stale {}, stale at source {}, suspect {}",
+            q.feed.map_or(0, |f| f.ticks),
+            q.gate.stats.lost,
+            q.gate.stats.late,
+            q.gate.stats.duplicates,
+            q.gate.reconnects,
+            q.gate
+                .clock_offset_ms
+                .map_or("not measured".to_owned(), |o| format!("{o} ms measured")),
+            w.refused_stale_quote,
+            w.refused_stale_at_source,
+            w.refused_suspect
         ));
         line(format!(
             "  events        {} written (fill_executed {}, fill_busted {}, cash_adjusted {})",
@@ -448,6 +469,34 @@ async fn story(
     let write_side = WriteSide::new(pool.clone())
         .await
         .context("cannot set up the write side's schema")?;
+    // The flags' defaults of `projector simulate`, which a unit test there holds equal.
+    let feed = FeedConfig {
+        seed: args.seed,
+        ..FeedConfig::new(FeedSymbol::traded())
+    };
+    let gate = ReceiverConfig::new(
+        FeedMode::Delta,
+        Limits::default(),
+        FeedSymbol::traded().into_iter().map(|s| s.name).collect(),
+    );
+    let quotes = crate::simulate::start_quotes(None, feed.clone(), gate).await?;
+    let write_side = write_side.with_quotes(quotes.gate().clone());
+    display.say(&format!(
+        "quote feed (the built-in simulator, UDP on loopback) at {}: {} ticks/s per symbol, {} lost, a {} burst every {}, \
+         a source {} behind for {} every {}, a clock {} ms off; orders are refused on a quote silent over {} ms, \
+         over {} ms old at the source, or suspect",
+        quotes.feed_addr(),
+        feed.ticks_per_second,
+        feed.loss,
+        humantime::format_duration(feed.burst_for),
+        humantime::format_duration(feed.burst_every),
+        humantime::format_duration(feed.lag),
+        humantime::format_duration(feed.lag_for),
+        humantime::format_duration(feed.lag_every),
+        feed.clock_skew_ms,
+        Limits::default().stale_after_ms,
+        Limits::default().source_stale_after_ms,
+    ));
     display.say(&format!(
         "database {}: the write side's tables (positions, account_seq, outbox, ...) and the views {}",
         args.database,
@@ -619,10 +668,11 @@ async fn story(
         display.figures(
             done.as_secs(),
             &format!(
-                "events {} · published {} ({} redelivered) · lag {lags}{rebuild_lag}",
+                "events {} · published {} ({} redelivered) · refused on the quote {} · lag {lags}{rebuild_lag}",
                 report.events(),
                 report.published,
-                report.redeliveries_injected
+                report.redeliveries_injected,
+                report.refused_on_quotes()
             ),
         );
 
@@ -690,9 +740,13 @@ async fn story(
         .context("the clients stopped")?;
     let ran = load_started.elapsed();
     let report = write_side.report();
+    // No order comes any more: the feed's work is done.
+    let quotes_report = quotes.report();
+    quotes.stop().await.context("the quote feed stopped")?;
     display.say(&format!(
-        "clients stopped after {} requests; the relay publishes what is left",
-        report.requests
+        "clients stopped after {} requests ({} refused on the quote); the relay publishes what is left",
+        report.requests,
+        report.refused_on_quotes()
     ));
     drain.cancel();
     let deadline = Instant::now() + FINISH_WITHIN;
@@ -768,6 +822,7 @@ async fn story(
         load,
         ran,
         write: write_side.report(),
+        quotes: quotes_report,
         story,
         views,
         max_lag,

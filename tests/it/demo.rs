@@ -71,6 +71,56 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
         assert!(all.contains(step), "no {step:?} in:\n{all}");
     }
 
+    // Prices at most once beside orders at least once: the feed lost ticks on purpose, and the
+    // gate refused orders for each of its three reasons while accepting most of them.
+    let quotes = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("quotes "))
+        .unwrap_or_else(|| panic!("no quote line:\n{all}"));
+    let after = |name: &str| -> i64 {
+        quotes
+            .split(name)
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .map(number)
+            .unwrap_or_else(|| panic!("no {name:?} in {quotes:?}"))
+    };
+    assert!(after("ticks sent ") > 0, "{quotes}");
+    assert!(after("(lost ") > 0, "{quotes}");
+    let (stale, source, suspect) = (
+        after("refused: stale "),
+        after("stale at source "),
+        after("suspect "),
+    );
+    assert!(stale > 0 && source > 0 && suspect > 0, "{quotes}");
+    let write = |name: &str| -> i64 {
+        stdout
+            .split(name)
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .map(number)
+            .unwrap_or_else(|| panic!("no {name:?}:\n{all}"))
+    };
+    let events = write("events        ");
+    assert!(
+        events > 2 * (stale + source + suspect),
+        "most orders are accepted:\n{all}"
+    );
+    // A retry gets the first answer, a refusal on the quote included: never a second one.
+    assert_eq!(write("deduplicated "), write("retried "), "{all}");
+    // Each request answered one way: written, replayed, refused (key, rule or quote).
+    assert_eq!(
+        write("requests      "),
+        events
+            + write("deduplicated ")
+            + write("), refused ")
+            + write("rejected ")
+            + stale
+            + source
+            + suspect,
+        "{all}"
+    );
+
     // Redeliveries were injected by the relay ...
     let injected: i64 = stdout
         .split("redeliveries injected ")

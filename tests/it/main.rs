@@ -55,3 +55,5 @@ mod version_code_adoption;
 mod views_conformance;
 mod views_golden;
 mod writeside;
+mod writeside_quote_gate;
+mod writeside_quote_gate_acceptance;

@@ -13,6 +13,9 @@ pub struct Counters {
     pub(crate) deduplicated: AtomicU64,
     pub(crate) refused: AtomicU64,
     pub(crate) rejected: AtomicU64,
+    pub(crate) refused_stale_quote: AtomicU64,
+    pub(crate) refused_stale_at_source: AtomicU64,
+    pub(crate) refused_suspect: AtomicU64,
     pub(crate) hot_requests: AtomicU64,
     pub(crate) fills: AtomicU64,
     pub(crate) busts: AtomicU64,
@@ -63,6 +66,9 @@ impl Counters {
             deduplicated: get(&self.deduplicated),
             refused: get(&self.refused),
             rejected: get(&self.rejected),
+            refused_stale_quote: get(&self.refused_stale_quote),
+            refused_stale_at_source: get(&self.refused_stale_at_source),
+            refused_suspect: get(&self.refused_suspect),
             hot_requests: get(&self.hot_requests),
             fills: get(&self.fills),
             busts: get(&self.busts),
@@ -94,6 +100,13 @@ pub struct Report {
     pub refused: u64,
     /// Requests refused by a business rule (a bust of a fill already busted, ...).
     pub rejected: u64,
+    /// Orders the quote gate refused for silence (`stale quote: N ms`); first answers only,
+    /// a retry's stored answer is `deduplicated`.
+    pub refused_stale_quote: u64,
+    /// Orders the quote gate refused as `stale at source`.
+    pub refused_stale_at_source: u64,
+    /// Orders the quote gate refused on a suspect symbol.
+    pub refused_suspect: u64,
     /// Requests of the hot accounts (load generator only).
     pub hot_requests: u64,
     /// `fill_executed` events written.
@@ -121,6 +134,11 @@ impl Report {
     /// Events written, all types.
     pub fn events(&self) -> u64 {
         self.fills + self.busts + self.cash
+    }
+
+    /// Orders the quote gate refused, every reason.
+    pub fn refused_on_quotes(&self) -> u64 {
+        self.refused_stale_quote + self.refused_stale_at_source + self.refused_suspect
     }
 
     /// Events written and not yet marked sent.

@@ -1,6 +1,39 @@
 //! Why the write side refused or failed.
 
 use rdkafka::error::KafkaError;
+use serde::{Deserialize, Serialize};
+
+use super::quotes::Refusal;
+
+/// An order the quote gate refused, as stored in the key's reply (`{"refused": ...}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderRefused {
+    /// The order's symbol.
+    pub symbol: String,
+    /// Why, with its figure (`reason`, and `silence_ms` or `age_ms`).
+    #[serde(flatten)]
+    pub refusal: Refusal,
+    /// The refusal as the client reads it: `stale quote: 812 ms`, `stale at source`,
+    /// `suspect: waiting for a snapshot`.
+    pub message: String,
+}
+
+impl OrderRefused {
+    /// The refusal of an order on `symbol`.
+    pub fn new(symbol: &str, refusal: Refusal) -> Self {
+        Self {
+            symbol: symbol.to_owned(),
+            message: refusal.to_string(),
+            refusal,
+        }
+    }
+}
+
+impl std::fmt::Display for OrderRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "order on {} refused: {}", self.symbol, self.message)
+    }
+}
 
 /// Why a request was refused or the write side could not do its work.
 ///
@@ -30,6 +63,11 @@ pub enum WriteSideError {
         /// Why.
         reason: &'static str,
     },
+    /// The quote gate refused the order (stale quote, stale at source, suspect). The refusal is
+    /// the key's stored reply: a retry under the same key gets it again, unchanged, even once
+    /// the feed has healed.
+    #[error("{0}")]
+    QuoteRefused(OrderRefused),
     /// The request itself is malformed (a quantity that is not positive, an empty symbol ...).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
@@ -57,6 +95,18 @@ pub enum WriteSideError {
         #[source]
         source: KafkaError,
     },
+    /// A socket could not be bound or used.
+    #[error("while {doing}: {source}")]
+    Io {
+        /// What was being done.
+        doing: &'static str,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The quote feed gave nothing usable.
+    #[error("quote feed: {0}")]
+    Quotes(String),
     /// Something the write side stored does not read back (a bug, or a hand edit).
     #[error("corrupt write-side data: {0}")]
     Corrupt(String),
@@ -68,7 +118,10 @@ impl WriteSideError {
     pub fn is_refusal(&self) -> bool {
         matches!(
             self,
-            Self::KeyReused { .. } | Self::BustRefused { .. } | Self::InvalidRequest(_)
+            Self::KeyReused { .. }
+                | Self::BustRefused { .. }
+                | Self::QuoteRefused(_)
+                | Self::InvalidRequest(_)
         )
     }
 }

@@ -3,8 +3,11 @@
 //!
 //! In the caller's transaction (the intake's, which also holds the idempotency key):
 //!
-//! 1. the account's counter row in `account_seq` is bumped, which assigns the `seq` and locks
-//!    the account until commit, so its events are numbered in commit order with no gaps;
+//! 1. the account's counter row in `account_seq` is bumped (`lock`), which assigns the `seq`
+//!    and locks the account until commit, so its events are numbered in commit order with no
+//!    gaps. This is where a write waits, for as long as the account's other transactions
+//!    take; what comes after waits on no lock, so a caller that must decide something as late
+//!    as possible (the quote gate's price) decides it between the two (`write_locked`);
 //! 2. the event is built as its exact wire JSON and checked with the engine's own decoder, so
 //!    the write side never stores what a view would dead-letter;
 //! 3. a fill or a bust moves `positions` by the portfolio rules (`book_trade` in
@@ -54,7 +57,8 @@ impl Side {
     }
 }
 
-/// An order. The simulated exchange fills it at once, whole, at its limit price.
+/// An order. The simulated exchange fills it at once, whole: at its price, or, behind a quote
+/// gate, at the quote the gate accepts (the ask for a buy, the bid for a sell).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Order {
     /// The instrument, e.g. `EURUSD`.
@@ -63,7 +67,8 @@ pub struct Order {
     pub side: Side,
     /// Quantity, more than zero.
     pub qty: Decimal,
-    /// Limit price, zero or more; the fill's price.
+    /// The price the client saw, zero or more: the fill's price without a quote gate. Part of
+    /// the request (its hash) either way.
     pub price: Decimal,
 }
 
@@ -171,6 +176,10 @@ pub struct Reply {
     /// The fee charged, for a fill.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fee: Option<Decimal>,
+    /// The price filled at, for a fill: behind a quote gate it is the quote's, not the
+    /// order's, so the client learns it here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<Decimal>,
 }
 
 /// The exchange's fee: 2 basis points of the notional, in cents, rounded half away from zero.
@@ -272,6 +281,30 @@ fn envelope<D: Serialize>(
     Ok(payload)
 }
 
+/// The account's counter row, bumped and locked by [`lock`]: the event's seq and time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Locked {
+    seq: i64,
+    now: DateTime<Utc>,
+}
+
+/// Bumps `account_id`'s counter row in `tx`: its next seq, and its lock until `tx` ends. This
+/// waits for the account's other transactions, however long they take.
+pub(crate) async fn lock(tx: &Transaction<'_>, account_id: i64) -> Result<Locked, WriteSideError> {
+    let next = tx
+        .prepare_cached(&sql::NEXT_SEQ)
+        .await
+        .map_err(db("preparing the seq bump"))?;
+    let row = tx
+        .query_one(&next, &[&account_id])
+        .await
+        .map_err(db("bumping the account's seq"))?;
+    Ok(Locked {
+        seq: row.get(0),
+        now: row.get(1),
+    })
+}
+
 /// Writes `command` for `account_id` in `tx` and returns the reply. Nothing is visible until
 /// the caller commits; an error leaves `tx` to be rolled back.
 pub(crate) async fn write(
@@ -281,30 +314,39 @@ pub(crate) async fn write(
     command: &Command,
 ) -> Result<Reply, WriteSideError> {
     command.validate()?;
-    let next = tx
-        .prepare_cached(&sql::NEXT_SEQ)
-        .await
-        .map_err(db("preparing the seq bump"))?;
-    let row = tx
-        .query_one(&next, &[&account_id])
-        .await
-        .map_err(db("bumping the account's seq"))?;
-    let seq: i64 = row.get(0);
-    let now: DateTime<Utc> = row.get(1);
+    let locked = lock(tx, account_id).await?;
+    write_locked(tx, instance, account_id, locked, command, None).await
+}
+
+/// Writes `command` under the lock [`lock`] took; an order fills at `fill_price`, or at its
+/// own price when `None`. Waits on no lock of the write side's.
+pub(crate) async fn write_locked(
+    tx: &Transaction<'_>,
+    instance: &str,
+    account_id: i64,
+    locked: Locked,
+    command: &Command,
+    fill_price: Option<Decimal>,
+) -> Result<Reply, WriteSideError> {
+    command.validate()?;
+    let Locked { seq, now } = locked;
     let occurred_at = wire_time(now);
     let event_type = command.event_type();
     let event_id = event_id(event_type, instance, account_id, seq);
     let mut fee_charged = None;
+    let mut filled_at = None;
 
     let payload = match command {
         Command::Order(o) => {
-            let f = fee(o.qty, o.price);
+            let price = fill_price.unwrap_or(o.price);
+            let f = fee(o.qty, price);
             fee_charged = Some(f);
+            filled_at = Some(price);
             let data = FillData {
                 symbol: &o.symbol,
                 side: o.side.as_str(),
                 qty: o.qty.to_string(),
-                price: o.price.to_string(),
+                price: price.to_string(),
                 fee: f.to_string(),
             };
             envelope(&event_id, event_type, account_id, seq, &occurred_at, data)?
@@ -385,6 +427,7 @@ pub(crate) async fn write(
         seq,
         occurred_at,
         fee: fee_charged,
+        price: filled_at,
     })
 }
 

@@ -9,7 +9,9 @@
 //! - picks what to do: a bust of one of the account's earlier fills that is not busted yet
 //!   ([`LoadConfig::bust_percent`]), a cash movement ([`LoadConfig::cash_percent`]), or an order:
 //!   random, or (one in [`LoadConfig::close_percent`]) the exact opposite of the account's
-//!   position, which closes it;
+//!   position, which closes it; priced at the quote's ask (buy) or bid (sell) as it stands
+//!   when the intake has a quote gate (a quote the gate may refuse: the fill is then at the
+//!   quote the gate accepts, not at this price), else at a random price near the symbol's;
 //! - makes a fresh idempotency key for it (once per logical request, as seed 000 says);
 //! - sends it, and with [`LoadConfig::retry_percent`] chance sends it again under the same key,
 //!   as a client that lost the reply would: half the time after the first reply came back,
@@ -33,9 +35,9 @@ use super::intake::{Intake, Outcome};
 use super::ledger::{Command, Order, Side};
 use super::rng::Rng;
 
-/// Symbols the clients trade: name, a price around which they trade in units of
-/// 10^-scale, and that scale.
-const SYMBOLS: [(&str, i64, u32); 4] = [
+/// Symbols the clients trade (and the built-in quote feed quotes): name, a price around which
+/// they trade in units of 10^-scale, and that scale.
+pub const SYMBOLS: [(&str, i64, u32); 4] = [
     ("EURUSD", 108_420, 5),
     ("GBPUSD", 126_310, 5),
     ("USDJPY", 151_234, 3),
@@ -357,34 +359,47 @@ async fn next_command(
     }
     let (symbol, base, scale) =
         SYMBOLS[usize::try_from(rng.below(SYMBOLS.len() as u64)).unwrap_or(0)];
-    let price = Decimal::new(base + rng.int(2001) - 1000, scale);
+    let random = Decimal::new(base + rng.int(2001) - 1000, scale);
+    // Priced off the feed when there is one: a buy at the ask, a sell at the bid, as quoted now,
+    // the way a screen shows a price. The gate decides whether the order may trade, and at
+    // which quote.
+    let priced = |side: Side| {
+        let quote = shared.intake.quote(symbol);
+        let quoted = quote.and_then(|q| match side {
+            Side::Buy => q.ask,
+            Side::Sell => q.bid,
+        });
+        quoted.filter(|p| !p.is_sign_negative()).unwrap_or(random)
+    };
     if rng.chance(config.close_percent) {
         let q = shared.intake.net_qty(account_id, symbol).await?;
         if !q.is_zero() {
+            let side = if q.is_sign_negative() {
+                Side::Buy
+            } else {
+                Side::Sell
+            };
             return Ok(Command::Order(Order {
                 symbol: symbol.to_owned(),
-                side: if q.is_sign_negative() {
-                    Side::Buy
-                } else {
-                    Side::Sell
-                },
+                side,
                 qty: q.abs(),
-                price,
+                price: priced(side),
             }));
         }
     }
     // 0.01 to 10000 lots, with 0 to 2 decimal places.
     let places = u32::try_from(rng.below(3)).unwrap_or(0);
     let qty = Decimal::new(1 + rng.int(10_000), places);
+    let side = if rng.chance(50) {
+        Side::Buy
+    } else {
+        Side::Sell
+    };
     Ok(Command::Order(Order {
         symbol: symbol.to_owned(),
-        side: if rng.chance(50) {
-            Side::Buy
-        } else {
-            Side::Sell
-        },
+        side,
         qty,
-        price,
+        price: priced(side),
     }))
 }
 

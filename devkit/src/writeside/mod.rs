@@ -22,6 +22,10 @@
 //! - **Relay** ([`Relay`], seeds 002, 004): publishes the outbox in order per account with the
 //!   idempotent producer and the Java-compatible partitioner, then marks rows sent; crashed on
 //!   purpose between the two, so redeliveries at new offsets really happen.
+//! - **Quote gate** ([`quotes`], seed 000's first half): prices at most once over UDP from a
+//!   feed (a simulator with loss, copies, reordering, bursts, a lagging source and a skewed
+//!   clock, or another feed), a per-symbol state machine of the seed's rules, and three checks
+//!   before an order is accepted; a refused order's reason is its stored reply.
 //! - **Clients** ([`load`]): a load generator at a given rate, with retries, key misuse, busts,
 //!   cash movements and hot accounts.
 //! - **Counters** ([`Counters`], [`Report`]): requests, retries, deduplicated, refused, events
@@ -65,6 +69,7 @@ mod error;
 pub mod intake;
 pub mod ledger;
 pub mod load;
+pub mod quotes;
 pub mod relay;
 mod rng;
 mod sql;
@@ -76,10 +81,11 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use counters::{Counters, Report};
-pub use error::WriteSideError;
+pub use error::{OrderRefused, WriteSideError};
 pub use intake::{Intake, Outcome};
 pub use ledger::{Command, Order, Reply, Side};
-pub use load::LoadConfig;
+pub use load::{LoadConfig, SYMBOLS};
+pub use quotes::QuoteGate;
 pub use relay::{Relay, RelayConfig, RelayExit};
 
 use error::db;
@@ -112,6 +118,8 @@ pub struct WriteSide {
     /// Woken after each committed write, so that a relay in this process publishes at once
     /// instead of at its next poll.
     written: Arc<Notify>,
+    /// Checked before every order, when set.
+    quotes: Option<QuoteGate>,
 }
 
 impl WriteSide {
@@ -161,7 +169,20 @@ impl WriteSide {
             instance: instance.into(),
             counters: Arc::new(Counters::default()),
             written: Arc::new(Notify::new()),
+            quotes: None,
         })
+    }
+
+    /// Checks every order against `gate` before it is accepted (see [`quotes`]); a refused
+    /// order stores its reason as the key's reply and writes nothing else.
+    pub fn with_quotes(mut self, gate: QuoteGate) -> Self {
+        self.quotes = Some(gate);
+        self
+    }
+
+    /// The quote gate orders are checked against, if any.
+    pub fn quotes(&self) -> Option<&QuoteGate> {
+        self.quotes.as_ref()
     }
 
     /// This database's tag, as it appears in event ids (`fill-<tag>-<account>-<seq>`).
@@ -181,6 +202,7 @@ impl WriteSide {
             instance: Arc::clone(&self.instance),
             counters: Arc::clone(&self.counters),
             written: Arc::clone(&self.written),
+            quotes: self.quotes.clone(),
         }
     }
 

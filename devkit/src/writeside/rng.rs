@@ -36,6 +36,11 @@ impl Rng {
     pub(crate) fn chance(&mut self, percent: u8) -> bool {
         self.below(100) < u64::from(percent)
     }
+
+    /// True `basis_points` times in ten thousand.
+    pub(crate) fn chance_bp(&mut self, basis_points: u16) -> bool {
+        self.below(10_000) < u64::from(basis_points)
+    }
 }
 
 #[cfg(test)]

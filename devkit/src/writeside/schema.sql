@@ -53,7 +53,9 @@ ON CONFLICT (singleton) DO NOTHING;
 -- pick the same key would see each other's replies. The hash of the request and its first
 -- reply are kept with the key: a retry gets that reply, a different request under the key is
 -- refused. The reply is written in the transaction that claimed the key, so a committed row
--- always has one.
+-- always has one: the event written, or, for an order the quote gate refused,
+-- {"refused": {...}} with its reason, committed with no event so that a retry gets the same
+-- refusal however the quote has changed since.
 CREATE TABLE IF NOT EXISTS writeside.idempotency_keys (
     account_id   bigint      NOT NULL,
     key          text        NOT NULL,

@@ -29,6 +29,8 @@ statements! {
     CLAIM_KEY = WRITESIDE_SQL "claim_key";
     STORED_REPLY = WRITESIDE_SQL "stored_reply";
     STORE_REPLY = WRITESIDE_SQL "store_reply";
+    SAVEPOINT_FILL = WRITESIDE_SQL "savepoint_fill";
+    ROLLBACK_FILL = WRITESIDE_SQL "rollback_fill";
     NEXT_SEQ = WRITESIDE_SQL "next_seq";
     FIND_FILL = WRITESIDE_SQL "find_fill";
     CLAIM_BUST = WRITESIDE_SQL "claim_bust";

@@ -24,6 +24,15 @@ WHERE account_id = $1 AND key = $2
 -- name: store_reply
 UPDATE writeside.idempotency_keys SET reply = $3 WHERE account_id = $1 AND key = $2
 
+-- name: savepoint_fill
+-- Set once an order's key is claimed and before its account is locked: a refusal by the quote
+-- gate after the lock wait rolls back to here, giving the seq and the lock back, and keeps
+-- the key to store the refusal in.
+SAVEPOINT fill
+
+-- name: rollback_fill
+ROLLBACK TO SAVEPOINT fill
+
 -- name: next_seq
 -- Bumps the account's counter row and returns the new seq. The row lock is held until the
 -- transaction ends, so the account's events get consecutive seqs in commit order, and a
