@@ -143,9 +143,18 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
         );
         assert_eq!((row[10], row[11]), ("0", "0"), "{all}");
     }
-    // The rebuilt version skipped what the snapshot already held.
+    // The rebuilt version reports what its snapshot's watermark skipped. How much that is
+    // depends on timing: the mock cluster answers no lookup by time, so the tail starts at
+    // the log's end as it was read just before the snapshot, and overlaps the snapshot only
+    // by what the relay published between that read and the snapshot (often nothing on a
+    // busy machine). That the overlap is skipped, whatever its size, is what the clean
+    // reconciliation below shows; tests/it/rebuild.rs shows it on an overlap it makes sure of.
     let v2 = table_row(&stdout, "portfolio", "2").expect("portfolio v2");
-    assert!(number(v2[8]) > 0, "no watermark drops in v2:\n{all}");
+    assert!(
+        v2[8].chars().all(|c| c.is_ascii_digit()),
+        "v2's watermark drops are reported: {:?}\n{all}",
+        v2[8]
+    );
     let v1 = table_row(&stdout, "portfolio", "1").expect("portfolio v1");
     assert_eq!(v1[2], "retired", "{all}");
 
