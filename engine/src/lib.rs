@@ -12,6 +12,8 @@
 //! - [`fingerprint`]: a version runs only with the code that registered it.
 //! - [`sequencer`] (private): per-account `seq` ordering: duplicates, gaps, parked accounts.
 //! - [`apply`]: the hot path; one batch of one partition into one view version, one transaction.
+//! - [`inbox`]: the inbox's layout, one partition per day of the events' own time: making
+//!   days ahead and on demand, late writes, the inbox before that layout.
 //! - [`queries`]: every statement the engine runs on its own tables.
 //! - [`db`]: connection pools that never hand out a connection left inside a transaction.
 //! - [`kafka`]: the Kafka source; the producer and a dev broker are in `projector-devkit`.
@@ -26,6 +28,7 @@ pub mod apply;
 pub mod db;
 pub mod event;
 pub mod fingerprint;
+pub mod inbox;
 pub mod kafka;
 mod metrics;
 pub mod ops;

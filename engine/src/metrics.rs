@@ -13,6 +13,7 @@
 //! | `projector_events_waiting_total` | consumer | events that began waiting for an earlier `seq` |
 //! | `projector_events_drained_total` | consumer | waiting events that left the waiting table |
 //! | `projector_notices_total` | consumer | notices the live version's statements emitted |
+//! | `projector_events_outside_window_total` | consumer | events whose `occurred_at` lies outside the inbox's retained window (applied once all the same) |
 //! | `projector_batch_seconds` | consumer | time from BEGIN to COMMIT of a batch |
 //!
 //! A running process also sets gauges from its periodic status snapshot: lag per partition
@@ -40,6 +41,7 @@ pub(crate) struct ViewMetrics {
     waiting: Counter,
     drained: Counter,
     notices: Counter,
+    outside_window: Counter,
     batch_seconds: Histogram,
 }
 
@@ -60,6 +62,7 @@ impl ViewMetrics {
             waiting: counter!("projector_events_waiting_total", "consumer" => c.clone()),
             drained: counter!("projector_events_drained_total", "consumer" => c.clone()),
             notices: counter!("projector_notices_total", "consumer" => c.clone()),
+            outside_window: counter!("projector_events_outside_window_total", "consumer" => c.clone()),
             batch_seconds: histogram!("projector_batch_seconds", "consumer" => c),
         }
     }
@@ -77,6 +80,7 @@ impl ViewMetrics {
         self.waiting.increment(counts.waiting);
         self.drained.increment(counts.drained);
         self.notices.increment(counts.notices);
+        self.outside_window.increment(counts.outside_window);
         self.batch_seconds.record(elapsed);
     }
 }
@@ -95,7 +99,8 @@ impl ViewMetrics {
 /// | `projector_dead_letters_open` | consumer, kind | dead letters not resolved yet |
 /// | `projector_waiting_events` | consumer | events waiting for an earlier `seq` |
 /// | `projector_inbox_rows_estimate` | | PostgreSQL's estimate of the inbox's rows |
-/// | `projector_inbox_oldest_seconds` | | age of the oldest inbox row |
+/// | `projector_inbox_oldest_seconds` | | age of the oldest inbox row (or of the oldest day's start) |
+/// | `projector_inbox_partitions_ahead_seconds` | | from now to the end of the newest day of the inbox (under a day: the engine fell behind making them) |
 pub(crate) fn publish_status(status: &Status) {
     gauge!("projector_healthy").set(flag(status.healthy));
     gauge!("projector_up", "system" => "postgres").set(flag(status.postgres.reachable));
@@ -135,6 +140,8 @@ pub(crate) fn publish_status(status: &Status) {
             gauge!("projector_inbox_rows_estimate").set(rows as f64);
         }
         gauge!("projector_inbox_oldest_seconds").set(inbox.oldest_age_seconds.unwrap_or(0) as f64);
+        gauge!("projector_inbox_partitions_ahead_seconds")
+            .set(inbox.partitions_ahead_seconds.unwrap_or(0) as f64);
     }
 }
 
@@ -183,6 +190,10 @@ pub(crate) fn describe() {
         "projector_notices_total",
         "Notices the live version emitted"
     );
+    describe_counter!(
+        "projector_events_outside_window_total",
+        "Events whose occurred_at lies outside the inbox's retained window (applied once all the same)"
+    );
     describe_histogram!(
         "projector_batch_seconds",
         Unit::Seconds,
@@ -224,5 +235,10 @@ pub(crate) fn describe() {
         "projector_inbox_oldest_seconds",
         Unit::Seconds,
         "Age of the oldest inbox row"
+    );
+    describe_gauge!(
+        "projector_inbox_partitions_ahead_seconds",
+        Unit::Seconds,
+        "From now to the end of the newest day of the inbox"
     );
 }

@@ -28,7 +28,8 @@ pub const ADVANCE_OFFSET: &str =
      dead_lettered = dead_lettered + $9, waiting = waiting + $10, drained = drained + $11, \
      committed_by = $12, \
      dup_seq = dup_seq + $13, dup_watermark = dup_watermark + $14, \
-     dup_inbox = dup_inbox + $15, dup_version_filter = dup_version_filter + $16 \
+     dup_inbox = dup_inbox + $15, dup_version_filter = dup_version_filter + $16, \
+     outside_window = outside_window + $17 \
      WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $5";
 
 /// The stored offset of a partition, for seeking on assignment.
@@ -99,10 +100,18 @@ pub const LOAD_DEAD_SEQS: &str = "SELECT account_id, seq, event_id FROM projecto
        AND kind IN ('poison', 'apply_failed') AND seq IS NOT NULL \
      ORDER BY account_id, seq, id";
 
-/// Which of the given event ids this view version has applied: tells a true duplicate of an
-/// older `seq` from a second event claiming it (a conflict).
-pub const IN_INBOX: &str =
-    "SELECT event_id FROM projector.inbox WHERE consumer = $1 AND event_id = ANY($2::text[])";
+/// Which of the given events (`$2` ids, `$3` their `occurred_at`) this view version has
+/// applied: tells a true duplicate of an older `seq` from a second event claiming it (a
+/// conflict). An event's identity in the inbox is its id *and* its time: the same id with
+/// another `occurred_at` is another event (a conflict, when it claims a taken `seq`). Rows of
+/// the inbox before V0009 (`projector.inbox_legacy`) know the id alone; their time comes back
+/// NULL and matches any.
+pub const IN_INBOX: &str = "SELECT i.event_id::text, i.occurred_at FROM projector.inbox i \
+     WHERE i.consumer = $1 AND (i.event_id, i.occurred_at) IN \
+           (SELECT * FROM unnest($2::text[], $3::timestamptz[])) \
+     UNION ALL \
+     SELECT l.event_id::text, NULL FROM projector.inbox_legacy l \
+     WHERE l.consumer = $1 AND l.event_id = ANY($2::text[])";
 
 /// Records the last applied `seq` of accounts (their rows exist: [`ENSURE_PROGRESS`]) and the
 /// event that holds it, so a later event claiming the same `seq` is named in its conflict.
@@ -277,27 +286,46 @@ pub const VIEW_IS_LIVE: &str = "SELECT state = 'live' FROM projector.views \
      WHERE name = $1 AND version = $2 FOR KEY SHARE";
 
 /// The inbox guard: only rows this statement inserts come back, so `ev` holds exactly the
-/// events this view version sees for the first time.
-pub const INBOX_CTES: &str = "fresh AS (INSERT INTO projector.inbox (consumer, event_id) \
-     SELECT $1::text, event_id FROM batch ON CONFLICT DO NOTHING RETURNING event_id), \
-     ev AS (SELECT batch.* FROM batch JOIN fresh USING (event_id) WHERE EXISTS (SELECT 1 FROM fresh))";
+/// events this view version sees for the first time. The key is (consumer, occurred_at,
+/// event_id) (`migrations/V0009__inbox_by_event_time.sql`): a copy of an event repeats both.
+pub const INBOX_CTES: &str =
+    "fresh AS (INSERT INTO projector.inbox (consumer, occurred_at, event_id) \
+     SELECT $1::text, occurred_at, event_id FROM batch ON CONFLICT DO NOTHING \
+     RETURNING event_id, occurred_at), \
+     ev AS (SELECT batch.* FROM batch JOIN fresh USING (event_id, occurred_at) \
+            WHERE EXISTS (SELECT 1 FROM fresh))";
+
+/// [`INBOX_CTES`] for a consumer that still has rows in the inbox before V0009
+/// (`projector.inbox_legacy`, keyed by id alone): an event found there was applied before the
+/// move and is skipped like one the inbox has. Used only while the consumer has such rows
+/// (`inbox::has_legacy_rows`); the table takes no new ones.
+pub const LEGACY_INBOX_CTES: &str =
+    "fresh AS (INSERT INTO projector.inbox (consumer, occurred_at, event_id) \
+     SELECT $1::text, b.occurred_at, b.event_id FROM batch b \
+     WHERE NOT EXISTS (SELECT 1 FROM projector.inbox_legacy l \
+                       WHERE l.consumer = $1::text AND l.event_id = b.event_id) \
+     ON CONFLICT DO NOTHING RETURNING event_id, occurred_at), \
+     ev AS (SELECT batch.* FROM batch JOIN fresh USING (event_id, occurred_at) \
+            WHERE EXISTS (SELECT 1 FROM fresh))";
 
 /// The inbox guard of the fast path's first try, for events expected to be new (an
 /// order-dependent view on an ordered source sends only events past each account's locked
 /// `last_seq`; other views' batches are new unless redelivered): a plain insert, which the
-/// unique key still guards. An id the inbox has fails
+/// unique key still guards. An event the inbox has fails
 /// the statement (23505) instead of being skipped: nothing of it is applied, the engine rolls
 /// back to the batch's savepoint and runs the rounds again with [`INBOX_CTES`], which skips
 /// it. The same dedup in the statement, without the speculative insertion of
 /// `ON CONFLICT`, which costs about as much per event as the insert itself (docs/benchmarks.md).
+/// Never for a consumer with rows in `projector.inbox_legacy`, which a plain insert cannot see.
 ///
 /// `ev` waits for the whole insert (`count(*)` reads every row of `fresh`, once, before `ev`
 /// yields a row): every inbox row is written, and its key locked, before the view's CTEs
 /// touch a view row, the lock order of [`INBOX_CTES`]. With `EXISTS`, which reads one row,
 /// PostgreSQL finished the insert after the view's writes, and two writers sharing an id and
 /// a view row could deadlock.
-pub const FRESH_INBOX_CTES: &str = "fresh AS (INSERT INTO projector.inbox (consumer, event_id) \
-     SELECT $1::text, event_id FROM batch RETURNING event_id), \
+pub const FRESH_INBOX_CTES: &str =
+    "fresh AS (INSERT INTO projector.inbox (consumer, occurred_at, event_id) \
+     SELECT $1::text, occurred_at, event_id FROM batch RETURNING event_id), \
      ev AS (SELECT batch.* FROM batch WHERE (SELECT count(*) FROM fresh) > 0)";
 
 /// For views that dedup by version filter only: `ev` is the whole batch. `$1` is still

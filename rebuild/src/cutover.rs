@@ -324,17 +324,23 @@ async fn drop_taken(client: &mut Client, view: &Arc<dyn Projection>) -> Result<(
             .await
             .map_err(db("dropping the version's tables"))?;
     }
-    loop {
-        let deleted = client
-            .execute(
-                "DELETE FROM projector.inbox WHERE ctid = ANY(ARRAY( \
-                     SELECT ctid FROM projector.inbox WHERE consumer = $1 LIMIT 10000))",
-                &[&consumer],
-            )
-            .await
-            .map_err(db("deleting the version's inbox rows"))?;
-        if deleted == 0 {
-            break;
+    // In slices, each a short transaction. A row's ctid is unique only within its table, and
+    // the inbox is one table a day: a row is (tableoid, ctid), and the consumer is checked
+    // again. The inbox before V0009 (one table) the same way.
+    for statement in [
+        "DELETE FROM projector.inbox WHERE consumer = $1 AND (tableoid, ctid) IN ( \
+             SELECT tableoid, ctid FROM projector.inbox WHERE consumer = $1 LIMIT 10000)",
+        "DELETE FROM projector.inbox_legacy WHERE consumer = $1 AND ctid = ANY(ARRAY( \
+             SELECT ctid FROM projector.inbox_legacy WHERE consumer = $1 LIMIT 10000))",
+    ] {
+        loop {
+            let deleted = client
+                .execute(statement, &[&consumer])
+                .await
+                .map_err(db("deleting the version's inbox rows"))?;
+            if deleted == 0 {
+                break;
+            }
         }
     }
     client
@@ -343,7 +349,8 @@ async fn drop_taken(client: &mut Client, view: &Arc<dyn Projection>) -> Result<(
                   p AS (DELETE FROM projector.account_progress WHERE consumer = $1), \
                   w AS (DELETE FROM projector.waiting_events WHERE consumer = $1), \
                   k AS (DELETE FROM projector.parked_accounts WHERE consumer = $1), \
-                  s AS (DELETE FROM projector.snapshots WHERE consumer = $1) \
+                  s AS (DELETE FROM projector.snapshots WHERE consumer = $1), \
+                  l AS (DELETE FROM projector.inbox_late_writes WHERE consumer = $1) \
              DELETE FROM projector.dead_letters WHERE consumer = $1",
             &[&consumer],
         )

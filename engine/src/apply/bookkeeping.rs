@@ -81,6 +81,7 @@ impl Advance<'_> {
                 &as_i64(counts.dup_watermark),
                 &as_i64(counts.dup_inbox),
                 &as_i64(counts.dup_version_filter),
+                &as_i64(counts.outside_window),
             ],
         )
         .await

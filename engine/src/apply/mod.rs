@@ -31,16 +31,18 @@ mod rounds;
 pub mod types;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use chrono::{DateTime, Utc};
 use deadpool_postgres::{Client, Transaction};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
 use tracing::Instrument;
 
 use crate::event::{check_data, decode_envelope, extract_fields, salvage, Event, Message};
+use crate::inbox;
 use crate::metrics::ViewMetrics;
 use crate::projection::{check_compatible, Field, Projection, SourceOrdering, ViewError};
 use crate::queries;
@@ -52,6 +54,13 @@ pub use repair::DeadLetterSkip;
 pub(crate) use rounds::describe_db_error;
 pub use rounds::{compose_statement, compose_statement_with, InboxGuard};
 pub use types::{ApplyError, Batch, BatchOutcome, Counts, Disposition};
+
+/// [`Applier::legacy`]: not asked yet.
+const LEGACY_UNKNOWN: u8 = 0;
+/// [`Applier::legacy`]: the consumer has rows in `projector.inbox_legacy`.
+const LEGACY_ROWS: u8 = 1;
+/// [`Applier::legacy`]: it has none (or the view has no inbox).
+const LEGACY_NONE: u8 = 2;
 
 /// The most waiting events of one account a batch loads (and so drains): its work stays
 /// bounded however long the account was parked.
@@ -123,6 +132,17 @@ pub struct Applier {
     /// sends to be new ([`InboxGuard::Fail`]); `None` (no inbox): the fast path runs
     /// `statement` too.
     fresh_statement: Option<String>,
+    /// `statement` that also looks events up in the inbox before V0009
+    /// (`projector.inbox_legacy`, by id alone), for a consumer that has rows there; `None`
+    /// for a view without an inbox.
+    legacy_statement: Option<String>,
+    /// Whether this consumer has rows in `projector.inbox_legacy`: [`LEGACY_UNKNOWN`] until
+    /// the first batch (or [`Applier::prepare`]) asks; then for good, since that table takes
+    /// no new rows. While it does, every statement is `legacy_statement` and the fast path's
+    /// plain insert, which cannot see those rows, is never tried.
+    legacy: AtomicU8,
+    /// The inbox's days this process knows to be attached (`crate::inbox`).
+    days: inbox::Days,
     /// A hint shared by the workers of every partition: the last batch met ids the inbox
     /// had, so the next goes straight to `statement` instead of paying a failed first try;
     /// cleared by a batch that meets none. Either statement is exact.
@@ -169,13 +189,21 @@ impl Applier {
         // source sends only events past each account's locked `last_seq`, so only a reused
         // id fails it; for the others (eod) an event published again at a new offset does
         // too. Either way the fallback runs the same rounds with `ON CONFLICT`.
-        let fresh_statement = projection
-            .dedup()
-            .uses_inbox()
-            .then(|| compose_statement_with(&*projection, InboxGuard::Fail));
+        let uses_inbox = projection.dedup().uses_inbox();
+        let fresh_statement =
+            uses_inbox.then(|| compose_statement_with(&*projection, InboxGuard::Fail));
+        let legacy_statement =
+            uses_inbox.then(|| compose_statement_with(&*projection, InboxGuard::SkipLegacy));
         Ok(Self {
             statement: compose_statement(&*projection),
             fresh_statement,
+            legacy_statement,
+            legacy: AtomicU8::new(if uses_inbox {
+                LEGACY_UNKNOWN
+            } else {
+                LEGACY_NONE
+            }),
+            days: inbox::Days::new(),
             expect_duplicates: AtomicBool::new(false),
             subscribes: projection
                 .subscribes()
@@ -217,16 +245,54 @@ impl Applier {
     }
 
     fn db(&self, doing: &'static str) -> impl Fn(tokio_postgres::Error) -> ApplyError + '_ {
-        move |error| ApplyError::Database {
-            consumer: self.consumer.clone(),
-            doing,
-            error,
+        move |error| {
+            if inbox::is_missing_partition(&error) {
+                // A prune dropped a day this process thought attached: read them again; the
+                // batch's retry makes the day it needs.
+                self.days.forget();
+            }
+            ApplyError::Database {
+                consumer: self.consumer.clone(),
+                doing,
+                error,
+            }
+        }
+    }
+
+    /// Whether this consumer has rows in the inbox before V0009, asked once.
+    pub(crate) async fn legacy_rows(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+    ) -> Result<bool, ApplyError> {
+        match self.legacy.load(Ordering::Relaxed) {
+            LEGACY_ROWS => return Ok(true),
+            LEGACY_NONE => return Ok(false),
+            _ => {}
+        }
+        let rows = inbox::has_legacy_rows(client, &self.consumer)
+            .await
+            .map_err(self.db("looking for rows in the inbox before V0009"))?;
+        self.legacy.store(
+            if rows { LEGACY_ROWS } else { LEGACY_NONE },
+            Ordering::Relaxed,
+        );
+        Ok(rows)
+    }
+
+    /// The statement that skips events the inbox has, for this consumer.
+    pub(crate) fn skip_statement(&self) -> &str {
+        match (&self.legacy_statement, self.legacy.load(Ordering::Relaxed)) {
+            (Some(legacy), LEGACY_ROWS | LEGACY_UNKNOWN) => legacy,
+            _ => &self.statement,
         }
     }
 
     /// The statement the fast path runs: the fresh-events one where the plan allows it.
     pub(crate) fn fast_statement(&self) -> &str {
-        self.fresh_statement.as_deref().unwrap_or(&self.statement)
+        match self.first_try() {
+            Some(InboxGuard::Fail) => self.fresh_statement.as_deref().unwrap_or(&self.statement),
+            _ => self.skip_statement(),
+        }
     }
 
     /// How the next batch's first try inserts its inbox rows: [`InboxGuard::Fail`] (a plain
@@ -235,7 +301,11 @@ impl Applier {
     /// meets none. `None` for a view without an inbox.
     pub fn first_try(&self) -> Option<InboxGuard> {
         self.fresh_statement.as_ref().map(|_| {
-            if self.expect_duplicates.load(Ordering::Relaxed) {
+            // Asked before a batch's first statement (`prepare_inbox`); until then, what a
+            // consumer without such rows would do.
+            if self.legacy.load(Ordering::Relaxed) == LEGACY_ROWS {
+                InboxGuard::SkipLegacy
+            } else if self.expect_duplicates.load(Ordering::Relaxed) {
                 InboxGuard::Skip
             } else {
                 InboxGuard::Fail
@@ -250,8 +320,9 @@ impl Applier {
 
     /// Prepares the view's statement, so that a broken view fails at start, not mid-stream.
     pub async fn prepare(&self, client: &Client) -> Result<(), ApplyError> {
+        self.legacy_rows(client).await?;
         client
-            .prepare_cached(&self.statement)
+            .prepare_cached(self.skip_statement())
             .await
             .map_err(self.db("preparing the view statement"))?;
         client
@@ -304,9 +375,28 @@ impl Applier {
         );
         async {
             let started = Instant::now();
-            let mut tx = client.transaction().await.map_err(self.db("beginning the transaction"))?;
-            let outcome = self.apply_in(&mut tx, batch).await?;
-            tx.commit().await.map_err(self.db("committing"))?;
+            let mut tries = 0;
+            let outcome = loop {
+                let mut tx = client
+                    .transaction()
+                    .await
+                    .map_err(self.db("beginning the transaction"))?;
+                match self.apply_in(&mut tx, batch).await {
+                    Ok(outcome) => {
+                        tx.commit().await.map_err(self.db("committing"))?;
+                        break outcome;
+                    }
+                    // The inbox lacks a day (an event older than every day kept, or far
+                    // ahead): made in a transaction of its own, then the batch again. A
+                    // day made stays until a prune leaves it a window behind.
+                    Err(ApplyError::InboxDaysMissing { days, .. }) if tries < 3 => {
+                        tries += 1;
+                        drop(tx);
+                        self.make_days(client, &days).await?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
             self.metrics.record(&outcome.counts, started.elapsed());
             tracing::debug!(next_offset = outcome.next_offset, counts = ?outcome.counts, "batch committed");
             Ok(outcome)
@@ -315,8 +405,51 @@ impl Applier {
         .await
     }
 
+    /// Makes the inbox's partitions for `days`, each in a transaction of its own on `client`
+    /// (outside any): what a caller of [`Applier::apply_in`] does with the days of
+    /// [`ApplyError::InboxDaysMissing`] before it tries again.
+    pub async fn make_days(
+        &self,
+        client: &mut Client,
+        days: &[chrono::NaiveDate],
+    ) -> Result<(), ApplyError> {
+        self.days
+            .make(client, &days.iter().copied().collect())
+            .await
+            .map(drop)
+            .map_err(self.db("making the inbox's partitions"))
+    }
+
+    /// Makes the inbox's partitions for the days of `batch`'s events (their envelopes' days;
+    /// poison aside), each in a transaction of its own on `client`: for a caller of
+    /// [`Applier::apply_in`] that opens the transaction itself. Events that waited in earlier
+    /// batches may still need a day: [`ApplyError::InboxDaysMissing`] names it.
+    pub async fn make_days_for(
+        &self,
+        client: &mut Client,
+        batch: &Batch,
+    ) -> Result<(), ApplyError> {
+        if !self.projection.dedup().uses_inbox() {
+            return Ok(());
+        }
+        let days: Vec<chrono::NaiveDate> = batch
+            .messages
+            .iter()
+            .filter_map(|m| decode_envelope(m).ok())
+            .map(|e| inbox::day_of(e.occurred_at))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if days.iter().all(|d| self.days.covers(&[*d].into())) {
+            return Ok(());
+        }
+        self.make_days(client, &days).await
+    }
+
     /// Applies a batch inside the caller's transaction without committing it. Dropping the
-    /// transaction afterwards is a crash between apply and commit: nothing stays.
+    /// transaction afterwards is a crash between apply and commit: nothing stays. When the
+    /// inbox lacks a day for some of its events, it stops with
+    /// [`ApplyError::InboxDaysMissing`] before writing: [`Applier::make_days`], then again.
     pub async fn apply_in(
         &self,
         tx: &mut Transaction<'_>,
@@ -761,22 +894,32 @@ impl Applier {
         }
         work.sequence(states, self.tracking == Tracking::Seq);
 
-        let ids: Vec<String> = work
+        let keys: Vec<(String, DateTime<Utc>)> = work
             .ids_to_check(self.projection.dedup().uses_inbox())
             .into_iter()
-            .map(str::to_owned)
+            .map(|(id, at)| (id.to_owned(), at))
             .collect();
-        let known: HashSet<String> = if ids.is_empty() {
-            HashSet::new()
-        } else {
-            tx.query(queries::IN_INBOX, &[&self.consumer, &ids])
+        let mut known: HashSet<(String, DateTime<Utc>)> = HashSet::new();
+        if !keys.is_empty() {
+            let ids: Vec<&str> = keys.iter().map(|(id, _)| id.as_str()).collect();
+            let times: Vec<DateTime<Utc>> = keys.iter().map(|(_, at)| *at).collect();
+            let rows = tx
+                .query(queries::IN_INBOX, &[&self.consumer, &ids, &times])
                 .await
-                .map_err(self.db("looking up the inbox"))?
-                .iter()
-                .map(|r| r.get(0))
-                .collect()
-        };
-        let checked: HashSet<String> = ids.into_iter().collect();
+                .map_err(self.db("looking up the inbox"))?;
+            for row in rows {
+                let id: String = row.get(0);
+                match row.get::<_, Option<DateTime<Utc>>>(1) {
+                    Some(at) => {
+                        known.insert((id, at));
+                    }
+                    // A row of the inbox before V0009 knows the id alone: it stands for
+                    // every time that id was looked up with.
+                    None => known.extend(keys.iter().filter(|(k, _)| *k == id).cloned()),
+                }
+            }
+        }
+        let checked: HashSet<(String, DateTime<Utc>)> = keys.into_iter().collect();
         work.classify_taken(&checked, &known);
         work.mark_repeated_ids();
         Ok(())

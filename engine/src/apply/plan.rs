@@ -6,6 +6,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use chrono::{DateTime, Utc};
+
 use crate::apply::types::{Batch, Counts, Disposition};
 use crate::event::{Event, FieldValue, Message, Salvage};
 use crate::sequencer::{self, Item, Verdict};
@@ -462,10 +464,12 @@ impl<'b> Work<'b> {
         kept
     }
 
-    /// The batch events whose `seq` was taken before this batch and whose id only the inbox
-    /// can vouch for: subscribed events (only those leave an inbox row) of a view with an
-    /// inbox, unless the account's last event settles it.
-    pub(crate) fn ids_to_check(&self, uses_inbox: bool) -> Vec<&str> {
+    /// The batch events whose `seq` was taken before this batch and whose identity only the
+    /// inbox can vouch for: subscribed events (only those leave an inbox row) of a view with
+    /// an inbox, each as its id and `occurred_at`, the inbox's key. The account's last event id
+    /// alone cannot tell a copy from the same id stamped with another time, which is another
+    /// event; so every such event is looked up, the last one's repeats too.
+    pub(crate) fn ids_to_check(&self, uses_inbox: bool) -> Vec<(&str, DateTime<Utc>)> {
         if !uses_inbox {
             return Vec::new();
         }
@@ -475,9 +479,8 @@ impl<'b> Work<'b> {
                 let Some(ev) = self.decoded[i].event() else {
                     continue;
                 };
-                let settled = ev.seq == acc.initial.last_seq && acc.initial.last_event_id.is_some();
-                if !settled && self.decoded[i].is_sent() {
-                    ids.push(ev.event_id.as_str());
+                if self.decoded[i].is_sent() {
+                    ids.push((ev.event_id.as_str(), ev.occurred_at));
                 }
             }
         }
@@ -485,9 +488,15 @@ impl<'b> Work<'b> {
     }
 
     /// Tells true duplicates from conflicts among the events whose `seq` was taken. `known`
-    /// holds the checked ids the inbox has (see [`Work::ids_to_check`]); `checked` says
-    /// whether an id was looked up at all.
-    pub(crate) fn classify_taken(&mut self, checked: &HashSet<String>, known: &HashSet<String>) {
+    /// holds the checked events the inbox has (see [`Work::ids_to_check`]); `checked` says
+    /// whether an event was looked up at all. An event is the same as another when both its
+    /// id and its `occurred_at` are (the inbox's key); the account's last event, known by its
+    /// id alone, settles what was not looked up (an event of a type the view ignores).
+    pub(crate) fn classify_taken(
+        &mut self,
+        checked: &HashSet<(String, DateTime<Utc>)>,
+        known: &HashSet<(String, DateTime<Utc>)>,
+    ) {
         let mut conflicts = Vec::new();
         let mut duplicates = 0;
         for acc in &self.accounts {
@@ -498,40 +507,58 @@ impl<'b> Work<'b> {
                 let Some(ev) = self.decoded[i].event() else {
                     continue;
                 };
-                let other = match holder {
-                    Some(h) => self.event(h).map(|e| Some(e.event_id.as_str())),
-                    None if ev.seq == acc.initial.last_seq
-                        && acc.initial.last_event_id.is_some() =>
-                    {
-                        acc.initial.last_event_id.as_deref().map(Some)
-                    }
-                    None if checked.contains(&ev.event_id) => {
-                        if known.contains(&ev.event_id) {
-                            Some(Some(ev.event_id.as_str()))
-                        } else {
-                            Some(None)
-                        }
-                    }
-                    // Nothing to compare with: it cannot have an effect either way.
-                    None => None,
+                let key = (ev.event_id.clone(), ev.occurred_at);
+                let last = (ev.seq == acc.initial.last_seq)
+                    .then_some(acc.initial.last_event_id.as_deref())
+                    .flatten();
+                let same = |id: &str, at: Option<DateTime<Utc>>| match at {
+                    _ if id != ev.event_id => Holder::Other(id.to_owned()),
+                    Some(at) if at != ev.occurred_at => Holder::Restamped(Some(at)),
+                    _ => Holder::Same,
                 };
-                match other {
-                    Some(Some(id)) if id != ev.event_id => conflicts.push(Conflict {
-                        index: i,
-                        error: format!(
-                            "conflict: seq {} of account {} is held by event {id:?}; event {:?} claims it too (two events, one seq: a write-side bug); not applied",
-                            ev.seq, ev.account_id, ev.event_id
-                        ),
-                    }),
-                    Some(None) => conflicts.push(Conflict {
-                        index: i,
-                        error: format!(
-                            "conflict: seq {} of account {} was applied before as another event (the account is at seq {}); event {:?} claims it too and was never applied (two events, one seq: a write-side bug; or the event an operator skipped with `projector parked skip`, arriving after all: see projector.skips)",
-                            ev.seq, ev.account_id, acc.plan.last_seq.max(acc.initial.last_seq), ev.event_id
-                        ),
-                    }),
-                    _ => duplicates += 1,
-                }
+                let holder = match holder {
+                    Some(h) => match self.event(h) {
+                        Some(e) => same(&e.event_id, Some(e.occurred_at)),
+                        None => Holder::Nothing,
+                    },
+                    None if checked.contains(&key) => match (known.contains(&key), last) {
+                        (true, _) => Holder::Same,
+                        // Not in the inbox, so another event: named when it is the account's
+                        // last; under the same id, its time is what differs.
+                        (false, Some(id)) if id == ev.event_id => Holder::Restamped(None),
+                        (false, Some(id)) => Holder::Other(id.to_owned()),
+                        (false, None) => Holder::Unknown,
+                    },
+                    None => last.map_or(Holder::Nothing, |id| same(id, None)),
+                };
+                let error = match holder {
+                    Holder::Other(id) => format!(
+                        "conflict: seq {} of account {} is held by event {id:?}; event {:?} claims it too (two events, one seq: a write-side bug); not applied",
+                        ev.seq, ev.account_id, ev.event_id
+                    ),
+                    Holder::Restamped(at) => format!(
+                        "conflict: seq {} of account {} is held by event {:?}{}; this copy of it says it occurred at {} (an event's occurred_at is part of its identity, set once by the write side: a write-side bug); not applied",
+                        ev.seq,
+                        ev.account_id,
+                        ev.event_id,
+                        at.map_or(" applied with another occurred_at".to_owned(), |at| format!(
+                            " that occurred at {}",
+                            at.to_rfc3339()
+                        )),
+                        ev.occurred_at.to_rfc3339()
+                    ),
+                    Holder::Unknown => format!(
+                        "conflict: seq {} of account {} was applied before as another event (the account is at seq {}); event {:?} claims it too and was never applied (two events, one seq: a write-side bug; or the event an operator skipped with `projector parked skip`, arriving after all: see projector.skips)",
+                        ev.seq, ev.account_id, acc.plan.last_seq.max(acc.initial.last_seq), ev.event_id
+                    ),
+                    // The same event, or nothing to compare with (it cannot have an effect
+                    // either way): a duplicate.
+                    Holder::Same | Holder::Nothing => {
+                        duplicates += 1;
+                        continue;
+                    }
+                };
+                conflicts.push(Conflict { index: i, error });
             }
         }
         for c in &conflicts {
@@ -547,13 +574,17 @@ impl<'b> Work<'b> {
     /// in order, each account's events in order), with that first carrier. `sent` says
     /// whether an event goes to the view's statement at all.
     pub(crate) fn mark_repeated_ids(&mut self) {
-        let mut first: HashMap<&str, Item> = HashMap::with_capacity(self.decoded.len());
+        // By the inbox's key: the same id with another occurred_at is another event.
+        let mut first: HashMap<(&str, DateTime<Utc>), Item> =
+            HashMap::with_capacity(self.decoded.len());
         let mut repeats = HashMap::new();
         for acc in &self.accounts {
             for &(_, item) in &acc.plan.emitted {
                 let Some(ev) = self.event(item) else { continue };
                 if self.sends(item) {
-                    let carrier = *first.entry(ev.event_id.as_str()).or_insert(item);
+                    let carrier = *first
+                        .entry((ev.event_id.as_str(), ev.occurred_at))
+                        .or_insert(item);
                     if carrier != item {
                         repeats.insert(item, carrier);
                     }
@@ -757,6 +788,20 @@ impl<'b> Work<'b> {
     }
 }
 
+/// What holds a taken `seq`, for an event that claims it again ([`Work::classify_taken`]).
+enum Holder {
+    /// The same event: a duplicate.
+    Same,
+    /// Nothing to compare with: a duplicate too, it cannot have an effect either way.
+    Nothing,
+    /// Another event, by its id.
+    Other(String),
+    /// The same id with another `occurred_at` (when known): another event.
+    Restamped(Option<DateTime<Utc>>),
+    /// Another event the inbox does not know, whose id is not at hand.
+    Unknown,
+}
+
 /// Batch messages of `acc` whose verdict is "taken before this batch".
 fn taken_before(acc: &AccountWork) -> impl Iterator<Item = usize> + '_ {
     acc.incoming
@@ -878,14 +923,29 @@ mod tests {
             ..AccountState::default()
         };
         w.sequence([(1, state)].into(), true);
-        let ids: Vec<String> = w
+        let keys: Vec<(String, DateTime<Utc>)> = w
             .ids_to_check(true)
             .into_iter()
-            .map(str::to_owned)
+            .map(|(id, at)| (id.to_owned(), at))
             .collect();
-        assert_eq!(ids, ["fill_executed-1-2", "stranger", "fill_executed-1-1"]);
-        let checked: HashSet<String> = ids.into_iter().collect();
-        let known: HashSet<String> = ["fill_executed-1-2".to_owned()].into();
+        let ids: Vec<&str> = keys.iter().map(|(id, _)| id.as_str()).collect();
+        // The last event's repeat is looked up too: its id alone cannot tell it from the
+        // same id stamped with another time.
+        assert_eq!(
+            ids,
+            [
+                "fill_executed-1-3",
+                "fill_executed-1-2",
+                "stranger",
+                "fill_executed-1-1"
+            ]
+        );
+        let checked: HashSet<(String, DateTime<Utc>)> = keys.iter().cloned().collect();
+        let known: HashSet<(String, DateTime<Utc>)> = keys
+            .iter()
+            .filter(|(id, _)| id.ends_with("-3") || id.ends_with("-2"))
+            .cloned()
+            .collect();
         w.classify_taken(&checked, &known);
         // 3 repeats the last event, 2 is in the inbox, 1 is not: a conflict.
         assert_eq!(w.counts.dup_seq, 2);

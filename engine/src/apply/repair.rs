@@ -35,12 +35,90 @@ pub enum DeadLetterSkip {
 }
 
 impl Applier {
+    /// Whether a repair that stopped with `result` should run again once the days it lacked
+    /// are made (it runs in a transaction of its own; a few tries at most).
+    async fn lacked_days<T>(
+        &self,
+        client: &mut Client,
+        result: &Result<T, ApplyError>,
+        tries: &mut u32,
+    ) -> Result<bool, ApplyError> {
+        match result {
+            Err(ApplyError::InboxDaysMissing { days, .. }) if *tries < 3 => {
+                *tries += 1;
+                self.make_days(client, days).await?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// Retries dead letter `id` of this view version from its stored bytes, through the
     /// apply path, as if it arrived now: decoded again (validation may have changed, the
     /// producer's fix may be in a view's code), sequenced, guarded by the inbox. In the same
     /// transaction the dead letter is marked retried, unless it fails again: then it stays
     /// open with its new error. Its offset does not move. Returns what became of it.
     pub async fn retry_dead_letter(
+        &self,
+        client: &mut Client,
+        id: i64,
+        retried_by: &str,
+    ) -> Result<(Disposition, Counts), ApplyError> {
+        let mut tries = 0;
+        loop {
+            let result = self.retry_dead_letter_once(client, id, retried_by).await;
+            if !self.lacked_days(client, &result, &mut tries).await? {
+                return result;
+            }
+        }
+    }
+
+    /// Records `seq` of `account` as skipped (who and why, in `projector.skips`), resolves
+    /// its open dead letters as skipped, and applies what waited behind it, in `seq` order
+    /// (one bounded step: call [`Applier::drain_account`] for the rest).
+    /// Refused unless the account is parked waiting for exactly that `seq`.
+    pub async fn skip_seq(
+        &self,
+        client: &mut Client,
+        account: i64,
+        seq: i64,
+        skipped_by: &str,
+        reason: &str,
+    ) -> Result<Counts, ApplyError> {
+        let mut tries = 0;
+        loop {
+            let result = self
+                .skip_seq_once(client, account, seq, skipped_by, reason)
+                .await;
+            if !self.lacked_days(client, &result, &mut tries).await? {
+                return result;
+            }
+        }
+    }
+
+    /// Applies whatever waits for `account` and can go now (its park may be stale, a
+    /// retried dead letter filled its gap, or a batch drained only its first part), one
+    /// bounded step: the bool says whether more may follow (call again).
+    pub async fn drain_account(
+        &self,
+        client: &mut Client,
+        account: i64,
+    ) -> Result<(Counts, bool), ApplyError> {
+        let mut tries = 0;
+        loop {
+            let result = self.drain_account_once(client, account).await;
+            if !self.lacked_days(client, &result, &mut tries).await? {
+                return result;
+            }
+        }
+    }
+
+    /// Retries dead letter `id` of this view version from its stored bytes, through the
+    /// apply path, as if it arrived now: decoded again (validation may have changed, the
+    /// producer's fix may be in a view's code), sequenced, guarded by the inbox. In the same
+    /// transaction the dead letter is marked retried, unless it fails again: then it stays
+    /// open with its new error. Its offset does not move. Returns what became of it.
+    async fn retry_dead_letter_once(
         &self,
         client: &mut Client,
         id: i64,
@@ -114,7 +192,7 @@ impl Applier {
     /// its open dead letters as skipped, and applies what waited behind it, in `seq` order
     /// (one bounded step: call [`Applier::drain_account`] for the rest).
     /// Refused unless the account is parked waiting for exactly that `seq`.
-    pub async fn skip_seq(
+    async fn skip_seq_once(
         &self,
         client: &mut Client,
         account: i64,
@@ -172,6 +250,24 @@ impl Applier {
     /// with nothing recorded, and the account would park at its `seq` later. Decided under
     /// the account's lock, like a batch.
     pub async fn skip_dead_letter(
+        &self,
+        client: &mut Client,
+        id: i64,
+        skipped_by: &str,
+        reason: &str,
+    ) -> Result<DeadLetterSkip, ApplyError> {
+        let mut tries = 0;
+        loop {
+            let result = self
+                .skip_dead_letter_once(client, id, skipped_by, reason)
+                .await;
+            if !self.lacked_days(client, &result, &mut tries).await? {
+                return result;
+            }
+        }
+    }
+
+    async fn skip_dead_letter_once(
         &self,
         client: &mut Client,
         id: i64,
@@ -399,7 +495,7 @@ impl Applier {
     /// Applies whatever waits for `account` and can go now (its park may be stale, a
     /// retried dead letter filled its gap, or a batch drained only its first part), one
     /// bounded step: the bool says whether more may follow (call again).
-    pub async fn drain_account(
+    async fn drain_account_once(
         &self,
         client: &mut Client,
         account: i64,

@@ -20,6 +20,7 @@ use crate::apply::types::{ApplyError, Counts};
 use crate::apply::Applier;
 use crate::event::Event;
 use crate::event::FieldValue;
+use crate::inbox;
 use crate::projection::{render, Field, Projection};
 use crate::queries;
 
@@ -37,6 +38,10 @@ pub enum InboxGuard {
     /// ([`queries::FRESH_INBOX_CTES`]). The fast path's first try, for events expected to
     /// be new; a conflict falls back to [`InboxGuard::Skip`].
     Fail,
+    /// [`InboxGuard::Skip`], and an event found in the inbox before V0009
+    /// (`projector.inbox_legacy`, by id alone) is skipped too ([`queries::LEGACY_INBOX_CTES`]):
+    /// for a consumer that still has rows there.
+    SkipLegacy,
 }
 
 /// The full statement for a view: the engine's inbox-guarded prefix, the view's CTEs and its
@@ -77,6 +82,7 @@ pub fn compose_statement_with(projection: &dyn Projection, guard: InboxGuard) ->
     s.push_str(match (projection.dedup().uses_inbox(), guard) {
         (true, InboxGuard::Skip) => queries::INBOX_CTES,
         (true, InboxGuard::Fail) => queries::FRESH_INBOX_CTES,
+        (true, InboxGuard::SkipLegacy) => queries::LEGACY_INBOX_CTES,
         (false, _) => queries::NO_INBOX_CTES,
     });
     let ctes = sql.ctes.trim().trim_end_matches(',');
@@ -197,6 +203,11 @@ impl<'a> Columns<'a> {
 /// itself: the event is dead-lettered, never retried.
 pub(crate) fn is_event_error(e: &tokio_postgres::Error) -> bool {
     let Some(code) = e.code() else { return false };
+    // No partition of the inbox for the event's day: a prune dropped one this process thought
+    // attached. The event is not at fault; the retry makes the day.
+    if inbox::is_missing_partition(e) {
+        return false;
+    }
     let c = code.code();
     c.starts_with("22")
         || c.starts_with("23")
@@ -211,7 +222,7 @@ fn is_inbox_conflict(e: &tokio_postgres::Error) -> bool {
     e.as_db_error().is_some_and(|db| {
         db.code() == &SqlState::UNIQUE_VIOLATION
             && db.schema() == Some("projector")
-            && db.table() == Some("inbox")
+            && inbox::is_inbox_table(db.table())
     })
 }
 
@@ -252,6 +263,62 @@ impl Applier {
             }
         }
         rounds
+    }
+
+    /// What the inbox needs before the rounds write into it, in the batch's transaction:
+    /// whether this consumer still has rows in the inbox before V0009 (asked once), a
+    /// partition for the day of every event sent (when one is missing, an event older than
+    /// every day kept or far ahead, the batch stops with [`ApplyError::InboxDaysMissing`]
+    /// before it writes, and its caller makes the day), and a record of writes into days that
+    /// have ended, so that retention keeps them a whole window. Counts the events outside the
+    /// window.
+    async fn prepare_inbox(
+        &self,
+        tx: &Transaction<'_>,
+        work: &mut Work<'_>,
+        rounds: &[Vec<Slot>],
+    ) -> Result<(), ApplyError> {
+        if !self.projection.dedup().uses_inbox() {
+            return Ok(());
+        }
+        self.legacy_rows(tx).await?;
+        let now = Utc::now();
+        let today = inbox::day_of(now);
+        let ahead = now + inbox::FUTURE_BOUND;
+        let mut days = std::collections::BTreeSet::new();
+        let mut far_ahead = 0u64;
+        for &(a, k) in rounds.iter().flatten() {
+            if let Some(event) = work.event(work.accounts[a].plan.emitted[k].1) {
+                days.insert(inbox::day_of(event.occurred_at));
+                far_ahead += u64::from(event.occurred_at > ahead);
+            }
+        }
+        let missing = self
+            .days
+            .missing_in(tx, &days)
+            .await
+            .map_err(self.db("reading the inbox's partitions"))?;
+        if !missing.is_empty() {
+            return Err(ApplyError::InboxDaysMissing {
+                consumer: self.consumer.clone(),
+                days: missing,
+            });
+        }
+        // Older than the retained window: retention has left such days behind, or never kept
+        // them (a rebuild replaying old days).
+        let behind = self.days.window_start(today).map_or(0, |start| {
+            rounds
+                .iter()
+                .flatten()
+                .filter_map(|&(a, k)| work.event(work.accounts[a].plan.emitted[k].1))
+                .filter(|e| inbox::day_of(e.occurred_at) < start)
+                .count() as u64
+        });
+        work.counts.outside_window += behind + far_ahead;
+        let late: Vec<chrono::NaiveDate> = days.into_iter().filter(|d| *d < today).collect();
+        inbox::mark_late_in(tx, &self.consumer, work.topic, work.partition, &late)
+            .await
+            .map_err(self.db("recording late writes into the inbox"))
     }
 
     /// Runs the statement over the events of a round, in the round's order.
@@ -312,12 +379,9 @@ impl Applier {
         // The fast path's savepoint is opened in the same pipeline as the rounds and released
         // in the same pipeline as the bookkeeping: two round trips fewer per batch than
         // awaiting each, which matters most for the small batches of a live stream.
+        self.prepare_inbox(tx, work, &rounds).await?;
         let plain_first = self.first_try() == Some(InboxGuard::Fail);
-        let first_statement = if plain_first {
-            self.fast_statement()
-        } else {
-            &self.statement
-        };
+        let first_statement = self.fast_statement();
         let mut result = self
             .run_rounds_pipelined(tx, work, &rounds, first_statement, true)
             .await;
@@ -334,7 +398,7 @@ impl Applier {
                 met_inbox = true;
                 tracing::debug!(error = %first, "an id the inbox already has; the rounds again with ON CONFLICT");
                 match self
-                    .run_rounds_pipelined(tx, work, &rounds, &self.statement, false)
+                    .run_rounds_pipelined(tx, work, &rounds, self.skip_statement(), false)
                     .await
                 {
                     Err(second) => Err(self.roll_back_fast_path(tx, second).await?),
@@ -426,7 +490,7 @@ impl Applier {
         work: &mut Work<'_>,
     ) -> Result<(), ApplyError> {
         let statement = tx
-            .prepare_cached(&self.statement)
+            .prepare_cached(self.skip_statement())
             .await
             .map_err(self.db("preparing the view statement"))?;
         for round in self.rounds(work, true) {

@@ -68,6 +68,12 @@ pub struct Counts {
     pub drained: u64,
     /// Notices the view's statement emitted (the live version only).
     pub notices: u64,
+    /// Events sent to the view's statement whose `occurred_at` lies outside the inbox's
+    /// retained window: on a day older than every day kept, or further ahead of the server's
+    /// clock than [`crate::inbox::FUTURE_BOUND`]. Applied once all the same (their day gets a
+    /// partition); counted apart from the dispositions above, so a producer stamping wrong
+    /// times shows.
+    pub outside_window: u64,
 }
 
 impl std::ops::AddAssign<&Counts> for Counts {
@@ -84,6 +90,7 @@ impl std::ops::AddAssign<&Counts> for Counts {
         self.waiting += c.waiting;
         self.drained += c.drained;
         self.notices += c.notices;
+        self.outside_window += c.outside_window;
     }
 }
 
@@ -155,6 +162,20 @@ pub enum ApplyError {
         /// Why, and what to do instead.
         reason: String,
     },
+    /// The inbox has no partition for the day of some events of the batch (`crate::inbox`):
+    /// nothing was written. A day is made in a transaction of its own, never inside a batch's
+    /// (DDL there would hold its locks until the batch commits, and a batch left open would
+    /// hold every other batch that needs a new day): [`crate::Applier::apply`] and the
+    /// repairs make the days and try again by themselves; a caller of
+    /// [`crate::Applier::apply_in`] calls [`crate::Applier::make_days`] with these, then
+    /// tries again.
+    #[error("{consumer}: the inbox has no partition yet for the day(s) {days:?} (make them with Applier::make_days, or use Applier::apply)")]
+    InboxDaysMissing {
+        /// View version.
+        consumer: String,
+        /// The days missing.
+        days: Vec<chrono::NaiveDate>,
+    },
     /// PostgreSQL failed in a way no single event explains (connection lost, deadlock, a
     /// broken view statement). The batch can be retried.
     #[error("{consumer}: while {doing}: {}", crate::apply::rounds::describe_db_error(.error))]
@@ -172,7 +193,10 @@ impl ApplyError {
     /// True for errors where the same batch may succeed later (database trouble); false for
     /// fencing and malformed batches, where the caller must seek or stop.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ApplyError::Database { .. })
+        matches!(
+            self,
+            ApplyError::Database { .. } | ApplyError::InboxDaysMissing { .. }
+        )
     }
 }
 

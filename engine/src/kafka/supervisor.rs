@@ -117,6 +117,8 @@ pub async fn run_live(
         options.refresh,
         beats.clone(),
     ));
+    // The inbox's days ahead: made by every running process, so no cron is needed.
+    let maintenance = tokio::spawn(maintain_inbox(pool.clone(), beats.clone()));
     let mut running: HashMap<String, Running> = HashMap::new();
     // Versions this process leaves alone for as long as it runs, with the one-line reason.
     let mut skipped: BTreeMap<String, String> = BTreeMap::new();
@@ -298,6 +300,48 @@ pub async fn run_live(
     beats.cancel();
     if let Err(e) = heartbeat.await {
         tracing::error!(error = %e, "the heartbeat task panicked");
+    }
+    if let Err(e) = maintenance.await {
+        tracing::error!(error = %e, "the inbox maintenance task panicked");
+    }
+}
+
+/// Makes the inbox's days ahead (`crate::inbox::ensure_ahead`) at start and then every
+/// [`crate::inbox::MAINTAIN_EVERY`], until `stop`; a failure is logged and tried again within
+/// a minute. Falling behind never stops a batch (a batch makes the day it needs), but
+/// `projector status` and the gauge `projector_inbox_partitions_ahead_seconds` show it.
+async fn maintain_inbox(pool: Pool, stop: CancellationToken) {
+    let mut failing = false;
+    loop {
+        let made = async {
+            let mut client = pool.get().await.map_err(|e| e.to_string())?;
+            crate::inbox::ensure_ahead(&mut client, chrono::Utc::now())
+                .await
+                .map_err(|e| describe_db_error(&e))
+        };
+        let wait = match tokio::time::timeout(Duration::from_secs(60), made).await {
+            Ok(Ok(horizon)) => {
+                if failing || horizon.made > 0 {
+                    tracing::info!(made = horizon.made, until = ?horizon.until, "inbox partitions made ahead");
+                }
+                failing = false;
+                crate::inbox::MAINTAIN_EVERY
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot make the inbox's partitions ahead; trying again in a minute");
+                failing = true;
+                Duration::from_secs(60)
+            }
+            Err(_) => {
+                tracing::warn!("making the inbox's partitions ahead took over a minute; trying again in a minute");
+                failing = true;
+                Duration::from_secs(60)
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(wait) => {}
+        }
     }
 }
 

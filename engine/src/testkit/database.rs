@@ -24,6 +24,27 @@ pub struct TestDb {
 impl TestDb {
     /// Creates the database and migrates it.
     pub async fn new(registry: &Registry) -> Self {
+        let db = Self::empty().await;
+        let mut client = db.client().await;
+        crate::schema::migrate(&mut client, registry)
+            .await
+            .expect("migrate");
+        db
+    }
+
+    /// Creates the database with the engine's migrations up to `version` only and no view:
+    /// a database as an older release left it, for tests of what a later migration does to
+    /// it.
+    pub async fn at_engine_migration(version: u32) -> Self {
+        let db = Self::empty().await;
+        let mut client = db.client().await;
+        crate::schema::migrate_engine_to(&mut client, version)
+            .await
+            .expect("migrate up to a version");
+        db
+    }
+
+    async fn empty() -> Self {
         let admin = admin_url();
         let name = format!(
             "projector_test_{}_{}_{}",
@@ -42,12 +63,7 @@ impl TestDb {
             .expect("create test database");
         let url = crate::db::url_for_database(&admin, &name).expect("a test database's URL");
         let pool = crate::db::pool(&url, 8).expect("test url");
-        let db = Self { name, url, pool };
-        let mut client = db.client().await;
-        crate::schema::migrate(&mut client, registry)
-            .await
-            .expect("migrate");
-        db
+        Self { name, url, pool }
     }
 
     /// A pooled connection.

@@ -204,6 +204,10 @@ pub async fn consume_with_crashes(
         }
         let batch = partition.batch(start, batch_len.max(1));
         let result = if crash(attempt) {
+            applier
+                .make_days_for(client, &batch)
+                .await
+                .expect("the inbox's days");
             let mut tx = client.transaction().await.expect("begin");
             let result = applier.apply_in(&mut tx, &batch).await.map(|_| ());
             drop(tx);
@@ -216,6 +220,11 @@ pub async fn consume_with_crashes(
         };
         match result {
             Ok(()) | Err(ApplyError::Fenced { .. }) => {}
+            // A waiting event drained by the crashed attempt needed a day: made, then again.
+            Err(ApplyError::InboxDaysMissing { days, .. }) => applier
+                .make_days(client, &days)
+                .await
+                .expect("the inbox's days"),
             Err(e) => panic!("apply failed: {e}"),
         }
     }

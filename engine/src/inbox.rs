@@ -1,0 +1,516 @@
+//! The inbox's layout: `projector.inbox`, keyed `(consumer, occurred_at, event_id)` and
+//! partitioned by UTC day of `occurred_at`, one table `projector.inbox_pYYYYMMDD` a day.
+//!
+//! Why by the event's own time (seed 000): a partitioned table's primary key must hold the
+//! partition key, so the partition key must be a value every copy of an event repeats, or a
+//! redelivery gets a new key and is applied again in silence. `occurred_at` is set once by the
+//! write side and travels with every copy; `now()` or `applied_at` never would
+//! (`migrations/V0009__inbox_by_event_time.sql`). Why `occurred_at` before `event_id` in the
+//! key: a consumer applies events in about the order they occurred, so a new key lands at the
+//! right edge of its day's index instead of on a random leaf of a week of ids, and a checkpoint
+//! costs a few full-page images instead of one per event.
+//!
+//! Who makes the partitions: the engine itself, no cron. `projector migrate` and every
+//! `projector run` (at start, then every [`MAINTAIN_EVERY`]) make the days from yesterday to
+//! [`AHEAD_DAYS`] ahead ([`ensure_ahead`]); a batch whose events fall on a day without a
+//! partition (an event older than the oldest day kept, or far ahead) stops before it writes
+//! anything, the day is made in a transaction of its own ([`Days::make`]) and the batch runs
+//! again, so no event can wait for a partition, or fail for want of one, for longer than a
+//! retry.
+//!
+//! Who drops them: `projector inbox prune` (`ops::prune`), a whole day at a time, once every
+//! consumer with rows in it has read the log a window past the day's end and past the day's
+//! latest late write ([`mark_late_in`]). A batch that writes into a day that has already ended
+//! records it in `projector.inbox_late_writes` in its own transaction: a row written late must
+//! live a whole window too.
+//!
+//! The DDL takes [`DDL_LOCK`], so creators and droppers take turns: ATTACH and DETACH
+//! CONCURRENTLY take a SHARE UPDATE EXCLUSIVE lock on `projector.inbox`, which never waits for
+//! the apply path's inserts (ROW EXCLUSIVE), nor they for it.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, NaiveDate, NaiveTime, Utc};
+use deadpool_postgres::GenericClient;
+
+/// The advisory lock every statement that attaches or detaches an inbox partition holds.
+pub const DDL_LOCK: i64 = 0x7072_6f6a_696e_6278; // "projinbx"
+
+/// Days made ahead of today.
+pub const AHEAD_DAYS: i64 = 7;
+
+/// How often `projector run` makes the days ahead.
+pub const MAINTAIN_EVERY: Duration = Duration::from_secs(15 * 60);
+
+/// How far ahead of the server's clock an event's `occurred_at` may lie and still count as
+/// inside the retained window. Further ahead, it is counted as outside (`outside_window`) and
+/// gets a partition of its own day, like an event older than every day kept.
+pub const FUTURE_BOUND: chrono::Duration = chrono::Duration::days(1);
+
+/// The name prefix of the day partitions, in schema `projector`.
+pub const PARTITION_PREFIX: &str = "inbox_p";
+
+/// The UTC day of a moment.
+pub fn day_of(t: DateTime<Utc>) -> NaiveDate {
+    t.date_naive()
+}
+
+/// The first moment of a day, and of the next: the partition's bounds.
+pub fn bounds(day: NaiveDate) -> (DateTime<Utc>, DateTime<Utc>) {
+    let start = day.and_time(NaiveTime::MIN).and_utc();
+    let end = day.succ_opt().map_or(DateTime::<Utc>::MAX_UTC, |d| {
+        d.and_time(NaiveTime::MIN).and_utc()
+    });
+    (start, end)
+}
+
+/// `inbox_p20261202`: the partition's table name, without the schema.
+pub fn partition_name(day: NaiveDate) -> String {
+    format!("{PARTITION_PREFIX}{}", day.format("%Y%m%d"))
+}
+
+/// The day of a partition's table name, when it is one of ours.
+pub fn parse_partition_name(name: &str) -> Option<NaiveDate> {
+    let digits = name.strip_prefix(PARTITION_PREFIX)?;
+    if digits.len() != 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    NaiveDate::parse_from_str(digits, "%Y%m%d").ok()
+}
+
+/// Where a day partition stands in the catalog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attachment {
+    /// A partition of `projector.inbox`: inserts of its day land in it.
+    Attached,
+    /// `DETACH ... CONCURRENTLY` started and did not finish (its session died): no insert
+    /// lands in it; `FINALIZE` ends the detach.
+    DetachPending,
+    /// A table of ours no longer attached: a drop that stopped after the detach.
+    Detached,
+}
+
+/// One day partition as the catalog has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partition {
+    /// Its day.
+    pub day: NaiveDate,
+    /// Where it stands.
+    pub attachment: Attachment,
+    /// PostgreSQL's estimate of its rows (`reltuples`; 0 before the first analyze).
+    pub rows_estimate: i64,
+    /// Its size on disk, indexes included.
+    pub bytes: i64,
+}
+
+/// Every table of ours named like a day partition, attached or not, by day.
+const LIST_PARTITIONS: &str = "SELECT c.relname::text, \
+            CASE WHEN i.inhrelid IS NULL THEN 'detached' \
+                 WHEN i.inhdetachpending THEN 'pending' ELSE 'attached' END, \
+            greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid) \
+     FROM pg_catalog.pg_class c \
+     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'projector' \
+     LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid \
+          AND i.inhparent = 'projector.inbox'::regclass \
+     WHERE c.relkind = 'r' AND c.relname ~ '^inbox_p[0-9]{8}$' \
+     ORDER BY c.relname";
+
+/// The day partitions of `projector.inbox`, oldest first.
+pub async fn partitions(
+    client: &impl GenericClient,
+) -> Result<Vec<Partition>, tokio_postgres::Error> {
+    let rows = client.query(LIST_PARTITIONS, &[]).await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let day = parse_partition_name(r.get(0))?;
+            let attachment = match r.get::<_, &str>(1) {
+                "attached" => Attachment::Attached,
+                "pending" => Attachment::DetachPending,
+                _ => Attachment::Detached,
+            };
+            Some(Partition {
+                day,
+                attachment,
+                rows_estimate: r.get(2),
+                bytes: r.get(3),
+            })
+        })
+        .collect())
+}
+
+/// The attached days only.
+async fn attached_days(
+    client: &impl GenericClient,
+) -> Result<BTreeSet<NaiveDate>, tokio_postgres::Error> {
+    Ok(partitions(client)
+        .await?
+        .into_iter()
+        .filter(|p| p.attachment == Attachment::Attached)
+        .map(|p| p.day)
+        .collect())
+}
+
+/// Makes `day`'s partition, inside the caller's transaction (never a batch's), which must
+/// hold [`DDL_LOCK`] and must have found the day not attached. The table is created apart and then attached:
+/// `CREATE TABLE ... PARTITION OF` would lock `projector.inbox` against every insert, ATTACH
+/// only against other DDL. A table of that name left detached (a drop that stopped after its
+/// detach) or detach-pending (one that stopped in the middle) is attached again with its rows,
+/// whose next prune decides again: keeping rows is never wrong, dropping them early is.
+async fn create_in(
+    client: &impl GenericClient,
+    day: NaiveDate,
+) -> Result<(), tokio_postgres::Error> {
+    let name = partition_name(day);
+    let (start, end) = bounds(day);
+    let state = client
+        .query_opt(
+            "SELECT i.inhdetachpending FROM pg_catalog.pg_class c \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'projector' \
+             LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid \
+             WHERE c.relname = $1 AND c.relkind = 'r'",
+            &[&name],
+        )
+        .await?;
+    if let Some(row) = state {
+        if row.get::<_, Option<bool>>(0) == Some(true) {
+            client
+                .batch_execute(&format!(
+                    "ALTER TABLE projector.inbox DETACH PARTITION projector.{name} FINALIZE"
+                ))
+                .await?;
+        }
+    } else {
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE projector.{name} (LIKE projector.inbox INCLUDING DEFAULTS)"
+            ))
+            .await?;
+    }
+    // Bounds as text literals in UTC: the statement is DDL and takes no parameters.
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE projector.inbox ATTACH PARTITION projector.{name} \
+             FOR VALUES FROM ('{}') TO ('{}')",
+            start.format("%Y-%m-%d %H:%M:%S+00"),
+            end.format("%Y-%m-%d %H:%M:%S+00"),
+        ))
+        .await
+}
+
+/// Attaches `day`'s table again, rows and all, inside the caller's transaction, which must hold
+/// [`DDL_LOCK`]: a prune that detached it found rows it may not drop after all, or stopped
+/// half-way.
+pub(crate) async fn attach_again(
+    client: &impl GenericClient,
+    day: NaiveDate,
+) -> Result<(), tokio_postgres::Error> {
+    create_in(client, day).await
+}
+
+/// Finishes a detach that stopped in the middle: the table leaves `projector.inbox` for good.
+pub(crate) async fn finalize_detach(
+    client: &impl GenericClient,
+    day: NaiveDate,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE projector.inbox DETACH PARTITION projector.{} FINALIZE",
+            partition_name(day)
+        ))
+        .await
+}
+
+/// The days a process knows to be attached: checked by every batch in memory, read again
+/// from the catalog only when a batch needs a day it does not know (or after an insert found
+/// no partition: a prune dropped one). Shared by every view and worker of a process.
+#[derive(Debug, Clone, Default)]
+pub struct Days {
+    known: Arc<Mutex<Known>>,
+}
+
+#[derive(Debug, Default)]
+struct Known {
+    days: BTreeSet<NaiveDate>,
+    loaded: bool,
+}
+
+impl Days {
+    /// An empty set, read from the catalog when first needed.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
+        // A poisoned lock only means a panic elsewhere; the set is still a set.
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether every one of `days` is known to be attached.
+    pub fn covers(&self, days: &BTreeSet<NaiveDate>) -> bool {
+        let known = self.lock();
+        known.loaded && days.iter().all(|d| known.days.contains(d))
+    }
+
+    /// The oldest attached day known, if the set was read.
+    pub fn oldest(&self) -> Option<NaiveDate> {
+        let known = self.lock();
+        known.days.first().copied().filter(|_| known.loaded)
+    }
+
+    /// The first day of the retained window: the oldest day of the unbroken run of attached
+    /// days that holds `today` (retention drops the oldest days of that run; days made on
+    /// demand for older events stand apart from it). `None` when today has no partition.
+    pub fn window_start(&self, today: NaiveDate) -> Option<NaiveDate> {
+        let known = self.lock();
+        if !known.loaded || !known.days.contains(&today) {
+            return None;
+        }
+        let mut start = today;
+        while let Some(before) = start.pred_opt().filter(|d| known.days.contains(d)) {
+            start = before;
+        }
+        Some(start)
+    }
+
+    /// Forgets what it knew: the next batch reads the catalog again.
+    pub fn forget(&self) {
+        let mut known = self.lock();
+        known.loaded = false;
+        known.days.clear();
+    }
+
+    fn learn(&self, days: BTreeSet<NaiveDate>) {
+        let mut known = self.lock();
+        known.days = days;
+        known.loaded = true;
+    }
+
+    /// Which of `days` have no attached partition, read inside the caller's transaction (a
+    /// batch's) when this set does not cover them all: nothing is asked of PostgreSQL when it
+    /// does. Never makes a day: see [`Days::make`].
+    pub async fn missing_in(
+        &self,
+        client: &impl GenericClient,
+        days: &BTreeSet<NaiveDate>,
+    ) -> Result<Vec<NaiveDate>, tokio_postgres::Error> {
+        if days.is_empty() || self.covers(days) {
+            return Ok(Vec::new());
+        }
+        let attached = attached_days(client).await?;
+        let missing = days.difference(&attached).copied().collect();
+        self.learn(attached);
+        Ok(missing)
+    }
+
+    /// Makes each of `days` that has no partition, each in a transaction of its own on
+    /// `client` (which must not be inside one), under [`DDL_LOCK`] with a short lock timeout,
+    /// and learns what is attached. A day is never made inside a batch's transaction: DDL
+    /// there would hold its locks until the batch commits, a batch left open (a stalled
+    /// worker, a zombie) would hold every batch that needs a new day, and a batch rolled back
+    /// would leave this set believing in a day that does not exist.
+    pub async fn make(
+        &self,
+        client: &mut deadpool_postgres::Client,
+        days: &BTreeSet<NaiveDate>,
+    ) -> Result<Vec<NaiveDate>, tokio_postgres::Error> {
+        let mut made = Vec::new();
+        for &day in days {
+            let tx = client.transaction().await?;
+            tx.batch_execute("SET LOCAL lock_timeout = '5s'").await?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&DDL_LOCK])
+                .await?;
+            if !attached_days(&tx).await?.contains(&day) {
+                create_in(&tx, day).await?;
+                made.push(day);
+            }
+            tx.commit().await?;
+        }
+        self.load(&*client).await?;
+        if !made.is_empty() {
+            tracing::info!(days = ?made, "made inbox partitions for days a batch needed");
+        }
+        Ok(made)
+    }
+
+    /// Reads the attached days from the catalog.
+    pub async fn load(&self, client: &impl GenericClient) -> Result<(), tokio_postgres::Error> {
+        let attached = attached_days(client).await?;
+        self.learn(attached);
+        Ok(())
+    }
+}
+
+/// How far ahead the inbox's partitions reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Horizon {
+    /// The end of the newest attached day; `None`: no partition at all.
+    pub until: Option<DateTime<Utc>>,
+    /// Days made by this call.
+    pub made: usize,
+}
+
+impl Horizon {
+    /// Whole seconds from `now` to the end of the newest day (negative: behind).
+    pub fn ahead_seconds(&self, now: DateTime<Utc>) -> i64 {
+        self.until.map_or(0, |u| (u - now).num_seconds())
+    }
+}
+
+/// Makes every day from yesterday to [`AHEAD_DAYS`] ahead of `now` that has no partition, one
+/// day per transaction, each under [`DDL_LOCK`] with a short lock timeout (another process may
+/// be making the same days; a prune's detach may hold the table), and finishes detaches left
+/// pending. Returns how far the partitions reach.
+pub async fn ensure_ahead(
+    client: &mut deadpool_postgres::Client,
+    now: DateTime<Utc>,
+) -> Result<Horizon, tokio_postgres::Error> {
+    let today = day_of(now);
+    let mut made = 0;
+    for offset in -1..=AHEAD_DAYS {
+        let Some(day) = today.checked_add_signed(chrono::Duration::days(offset)) else {
+            continue;
+        };
+        let tx = client.transaction().await?;
+        tx.batch_execute("SET LOCAL lock_timeout = '5s'").await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&DDL_LOCK])
+            .await?;
+        if !attached_days(&tx).await?.contains(&day) {
+            create_in(&tx, day).await?;
+            made += 1;
+        }
+        tx.commit().await?;
+    }
+    let until = attached_days(&*client).await?.last().map(|d| bounds(*d).1);
+    Ok(Horizon { until, made })
+}
+
+/// Records, in the caller's transaction (a batch's), that `consumer` wrote into days that
+/// have already ended, reading `topic`/`partition`: retention keeps each such day a whole
+/// window past this write ([`crate::ops::prune`]). One row per day, consumer and partition,
+/// so that two workers never wait for each other here.
+pub async fn mark_late_in(
+    client: &impl GenericClient,
+    consumer: &str,
+    topic: &str,
+    partition: i32,
+    days: &[NaiveDate],
+) -> Result<(), tokio_postgres::Error> {
+    if days.is_empty() {
+        return Ok(());
+    }
+    client
+        .execute(
+            "INSERT INTO projector.inbox_late_writes (day, consumer, topic, partition, written_at) \
+             SELECT d, $2, $3, $4, now() FROM unnest($1::date[]) AS d \
+             ON CONFLICT (day, consumer, topic, partition) DO UPDATE SET written_at = now()",
+            &[&days, &consumer, &topic, &partition],
+        )
+        .await
+        .map(drop)
+}
+
+/// Whether a database error is an insert into `projector.inbox` that found no partition for
+/// its day: a prune dropped a day this process thought attached. The batch is retried (the
+/// event is not at fault) and the process reads the catalog again.
+pub fn is_missing_partition(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        db.code() == &tokio_postgres::error::SqlState::CHECK_VIOLATION
+            && db.schema() == Some("projector")
+            && db.table() == Some("inbox")
+    })
+}
+
+/// Whether a unique violation was raised by the inbox's key (on the parent or on one of its
+/// day partitions).
+pub fn is_inbox_table(table: Option<&str>) -> bool {
+    table.is_some_and(|t| t == "inbox" || parse_partition_name(t).is_some())
+}
+
+/// Whether `consumer` still has rows in `projector.inbox_legacy` (the inbox before V0009,
+/// keyed by event id alone): its statements must look there too. The table takes no new rows,
+/// so a consumer without rows there never has any again.
+pub async fn has_legacy_rows(
+    client: &impl GenericClient,
+    consumer: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM projector.inbox_legacy WHERE consumer = $1)",
+            &[&consumer],
+        )
+        .await?
+        .get(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_name_is_its_day_and_reads_back() {
+        let day = NaiveDate::from_ymd_opt(2026, 12, 2).expect("a date");
+        assert_eq!(partition_name(day), "inbox_p20261202");
+        assert_eq!(parse_partition_name("inbox_p20261202"), Some(day));
+        assert_eq!(parse_partition_name("inbox_p2026120"), None);
+        assert_eq!(parse_partition_name("inbox_p20261302"), None);
+        assert_eq!(parse_partition_name("inbox_legacy"), None);
+        let first = NaiveDate::from_ymd_opt(1, 1, 1).expect("a date");
+        assert_eq!(partition_name(first), "inbox_p00010101");
+        assert_eq!(parse_partition_name("inbox_p00010101"), Some(first));
+    }
+
+    #[test]
+    fn a_day_is_bounded_by_utc_midnights() {
+        let day = NaiveDate::from_ymd_opt(2026, 12, 31).expect("a date");
+        let (start, end) = bounds(day);
+        assert_eq!(start.to_rfc3339(), "2026-12-31T00:00:00+00:00");
+        assert_eq!(end.to_rfc3339(), "2027-01-01T00:00:00+00:00");
+        let last = DateTime::parse_from_rfc3339("2026-12-31T23:59:59.999999Z")
+            .expect("a time")
+            .with_timezone(&Utc);
+        assert_eq!(day_of(last), day);
+        assert_eq!(day_of(end), day.succ_opt().expect("a date"));
+    }
+
+    #[test]
+    fn inbox_errors_are_told_by_their_table() {
+        assert!(is_inbox_table(Some("inbox")));
+        assert!(is_inbox_table(Some("inbox_p20261202")));
+        assert!(!is_inbox_table(Some("inbox_legacy")));
+        assert!(!is_inbox_table(Some("portfolio_v1")));
+        assert!(!is_inbox_table(None));
+    }
+
+    #[test]
+    fn the_window_is_the_unbroken_run_of_days_that_holds_today() {
+        let day = |d: u32| NaiveDate::from_ymd_opt(2026, 12, d).expect("a date");
+        let days = Days::new();
+        // Made on demand for an old event: the 1st. Retained: the 5th to the 12th.
+        days.learn(
+            [1, 5, 6, 7, 8, 9, 10, 11, 12]
+                .into_iter()
+                .map(day)
+                .collect(),
+        );
+        assert_eq!(days.window_start(day(9)), Some(day(5)));
+        assert_eq!(days.window_start(day(3)), None);
+    }
+
+    #[test]
+    fn a_set_of_days_covers_nothing_until_it_was_read() {
+        let days = Days::new();
+        let d = NaiveDate::from_ymd_opt(2026, 12, 2).expect("a date");
+        assert!(!days.covers(&BTreeSet::from([d])));
+        days.learn(BTreeSet::from([d]));
+        assert!(days.covers(&BTreeSet::from([d])));
+        assert!(!days.covers(&BTreeSet::from([d.succ_opt().expect("a date")])));
+        assert_eq!(days.oldest(), Some(d));
+        assert_eq!(days.window_start(d), Some(d));
+        days.forget();
+        assert!(!days.covers(&BTreeSet::from([d])));
+        assert_eq!(days.oldest(), None);
+    }
+}
