@@ -1,6 +1,7 @@
-//! `projector inbox prune`: inbox retention, in batches through the time index, each
-//! consumer's rows measured on its own clock (`projector_engine::ops::clock`), refusing a
-//! window shorter than the configured minimum or than the topic's retention.
+//! `projector inbox prune`: inbox retention, whole days of the inbox dropped once every
+//! consumer with rows in them has read the log a window past them, each on its own clock
+//! (`projector_engine::ops::clock`), refusing a window shorter than the configured minimum or
+//! than the topic's retention.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -8,9 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 use projector_engine::kafka::source::KafkaConfig;
-use projector_engine::ops::clock::{self, Clock, ConsumerClock};
+use projector_engine::ops::clock::{self, ConsumerClock};
 use projector_engine::ops::prune::{
-    check_retention, humanize, prune_inbox, PruneOptions, DEFAULT_MIN_WINDOW,
+    check_retention, humanize, prune_inbox, DayOutcome, LegacyOutcome, PruneOptions,
+    DEFAULT_MIN_WINDOW,
 };
 use projector_engine::ops::topic::retention;
 
@@ -19,23 +21,18 @@ use crate::config::{parse_duration, parse_property, File};
 /// `projector inbox ...`.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// Delete inbox rows older than a window on their consumer's clock, in batches, until
-    /// none are left.
+    /// Drop the inbox's days that every consumer with rows in them has read a window past, on
+    /// its own clock.
     Prune(PruneArgs),
 }
 
 /// The flags of `projector inbox prune`.
 #[derive(Debug, clap::Args)]
 pub struct PruneArgs {
-    /// Delete rows applied longer than this before their consumer's clock (`7d`, `30d`).
+    /// Drop days that end longer than this before the clock of every consumer with rows in
+    /// them (`7d`, `30d`).
     #[arg(long, value_parser = parse_duration)]
     pub older_than: Duration,
-    /// Rows per batch: each batch is one short transaction.
-    #[arg(long, default_value_t = 10_000)]
-    pub batch: i64,
-    /// The pause between batches.
-    #[arg(long, value_parser = parse_duration, default_value = "20ms")]
-    pub pause: Duration,
     /// The shortest window accepted: the broker's retention plus the longest a dead letter
     /// may wait for its replay. [default: the config file's [inbox] min_window, else 7d]
     #[arg(long, env = "PROJECTOR_INBOX_MIN_WINDOW", value_parser = parse_duration)]
@@ -75,8 +72,6 @@ pub async fn run(command: Command, database_url: Option<String>) -> anyhow::Resu
     let options = PruneOptions {
         older_than: args.older_than,
         min_window,
-        batch: args.batch,
-        pause: args.pause,
     };
     // Refused before connecting: a wrong window is a mistake whatever the database holds.
     projector_engine::ops::prune::check_window(&options)?;
@@ -97,7 +92,7 @@ pub async fn run(command: Command, database_url: Option<String>) -> anyhow::Resu
         .or(file.database_url.clone())
         .unwrap_or_else(|| crate::config::DEFAULT_DATABASE_URL.to_owned());
     let pool = projector_engine::db::pool(&url, 1)?;
-    let client = pool
+    let mut client = pool
         .get()
         .await
         .context("cannot connect to PostgreSQL (check --database-url / DATABASE_URL)")?;
@@ -148,44 +143,50 @@ pub async fn run(command: Command, database_url: Option<String>) -> anyhow::Resu
         })
         .collect();
 
-    let mut last = Instant::now();
-    let report = prune_inbox(&client, &options, &clocks, |p| {
-        // A line a second at most: a large backlog is thousands of batches.
-        if last.elapsed() >= Duration::from_secs(1) {
-            last = Instant::now();
-            let reached = p.reached.map_or(String::new(), |t| {
-                format!(", up to {}", t.format("%Y-%m-%d %H:%M:%SZ"))
-            });
-            eprintln!(
-                "projector: inbox prune: {} rows in {} batches{reached}",
-                p.total, p.batches
-            );
-        }
+    let started = Instant::now();
+    let report = prune_inbox(&mut client, &options, &clocks, |d| match &d.outcome {
+        DayOutcome::Dropped {
+            rows_estimate,
+            bytes,
+            took,
+        } => eprintln!(
+            "projector: inbox prune: {}: dropped (about {rows_estimate} rows, {} bytes) in {} ms",
+            d.day,
+            bytes,
+            took.as_millis()
+        ),
+        DayOutcome::Kept(why) => eprintln!("projector: inbox prune: {}: {why}", d.day),
     })
     .await?;
     for c in &report.consumers {
-        match (&c.clock, c.cutoff) {
-            (Clock::At { .. }, Some(cutoff)) => println!(
-                "{}: {} row(s) applied before {} pruned; {}",
+        match c.cutoff {
+            Some(cutoff) => println!(
+                "{}: its rows before {} may go; {}",
                 c.consumer,
-                c.deleted,
                 cutoff.format("%Y-%m-%d %H:%M:%SZ"),
                 c.clock.describe()
             ),
-            // Paused while the run went on: what went before is counted.
-            (Clock::At { .. }, None) => println!(
-                "{}: {} row(s) pruned, then kept: a rebuild of it was paused",
-                c.consumer, c.deleted
-            ),
-            _ => println!("{}: {}", c.consumer, c.clock.describe()),
+            None => println!("{}: {}", c.consumer, c.clock.describe()),
         }
     }
+    match &report.legacy {
+        LegacyOutcome::Empty => {}
+        LegacyOutcome::Emptied(rows) => println!(
+            "the inbox before V0009 (keyed by event id alone) is emptied: about {rows} rows"
+        ),
+        LegacyOutcome::Kept(why) => println!("the inbox before V0009: {why}"),
+    }
+    let dropped: Vec<String> = report.dropped().map(|d| d.day.to_string()).collect();
     println!(
-        "pruned {} inbox row(s) older than {} on their consumers' clocks in {} batch(es) of at most {}",
-        report.deleted,
+        "dropped {} day(s) of the inbox older than {} on their consumers' clocks in {} ms{}",
+        dropped.len(),
         humanize(options.older_than),
-        report.batches,
-        options.batch
+        started.elapsed().as_millis(),
+        if dropped.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", dropped.join(", "))
+        }
     );
     Ok(())
 }

@@ -121,7 +121,27 @@ pub fn render(status: &Status, all_partitions: bool) -> String {
         let oldest = inbox.oldest_age_seconds.map_or("empty".to_owned(), |s| {
             format!("oldest {}", human_seconds(s))
         });
-        let _ = writeln!(out, "inbox  {rows}, {}, {oldest}", bytes(inbox.bytes));
+        let days = match (inbox.days, inbox.oldest_day, inbox.partitions_until) {
+            (0, _, _) => "no days".to_owned(),
+            (n, Some(first), Some(until)) => format!(
+                "{n} day(s) from {first} to {}",
+                (until - chrono::Duration::days(1)).format("%Y-%m-%d")
+            ),
+            (n, _, _) => format!("{n} day(s)"),
+        };
+        let legacy = if inbox.legacy_rows_estimate > 0 {
+            format!(
+                ", ~{} rows from before V0009",
+                compact(inbox.legacy_rows_estimate)
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "inbox  {rows}, {}, {oldest}, {days}{legacy}",
+            bytes(inbox.bytes)
+        );
     }
     let lagging: Vec<String> = status
         .views

@@ -43,9 +43,8 @@
 //!
 //! The rule is [`clock`], pure and unit-tested like `sequencer::plan`; [`facts`] reads what it
 //! needs from PostgreSQL and [`read_log`] from the brokers. It says which rows may go, never
-//! how they go: the batched deletes of `prune` use it, and so can any other retention (whole
-//! partitions of an inbox partitioned by time, once every consumer's clock has left them
-//! behind).
+//! how they go: `prune` drops whole days of the inbox once every consumer with rows in them
+//! has its clock a window past them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -317,21 +316,29 @@ pub fn positions(
     out
 }
 
-/// Every consumer with inbox rows: the inbox's key is walked one consumer at a time (one
-/// index probe each, however many rows a consumer has), with its rebuild's pause and its
-/// committed partitions.
+/// Every consumer with inbox rows, in the inbox or in the inbox before V0009: each key leads
+/// with the consumer and is walked one consumer at a time (one index probe each, however many
+/// rows a consumer has), with its rebuild's pause and its committed partitions.
 const FACTS: &str = "WITH RECURSIVE inboxed(consumer) AS ( \
          (SELECT consumer FROM projector.inbox ORDER BY consumer LIMIT 1) \
          UNION ALL \
          SELECT (SELECT i.consumer FROM projector.inbox i WHERE i.consumer > c.consumer \
                  ORDER BY i.consumer LIMIT 1) \
-         FROM inboxed c WHERE c.consumer IS NOT NULL) \
-     SELECT c.consumer::text, \
+         FROM inboxed c WHERE c.consumer IS NOT NULL), \
+     legacy(consumer) AS ( \
+         (SELECT consumer FROM projector.inbox_legacy ORDER BY consumer LIMIT 1) \
+         UNION ALL \
+         SELECT (SELECT i.consumer FROM projector.inbox_legacy i WHERE i.consumer > c.consumer \
+                 ORDER BY i.consumer LIMIT 1) \
+         FROM legacy c WHERE c.consumer IS NOT NULL), \
+     every(consumer) AS ( \
+         SELECT consumer::text FROM inboxed WHERE consumer IS NOT NULL \
+         UNION SELECT consumer::text FROM legacy WHERE consumer IS NOT NULL) \
+     SELECT c.consumer, \
             EXISTS (SELECT 1 FROM projector.rebuilds r WHERE r.consumer = c.consumer \
                     AND r.paused AND r.phase IN ('seeding', 'tailing')), \
             o.topic, o.partition, o.next_offset, o.updated_at \
-     FROM inboxed c LEFT JOIN projector.offsets o ON o.consumer = c.consumer \
-     WHERE c.consumer IS NOT NULL \
+     FROM every c LEFT JOIN projector.offsets o ON o.consumer = c.consumer \
      ORDER BY 1, 3, 4";
 
 /// Reads the [`Facts`] of every consumer that has inbox rows.

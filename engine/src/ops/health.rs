@@ -113,6 +113,8 @@ pub enum ProblemKind {
     DeadLetters,
     /// Accounts are parked.
     ParkedAccounts,
+    /// The inbox's days reach less than a day ahead: the engine stopped making them.
+    InboxPartitionsBehind,
 }
 
 /// One problem, in one line.

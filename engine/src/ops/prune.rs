@@ -1,32 +1,38 @@
-//! Inbox retention: rows older than a window, measured on each consumer's own clock, are
-//! deleted in small batches through the index on `applied_at`, with a short pause between
-//! batches, until none are left.
+//! Inbox retention: whole days of the inbox, dropped once every consumer with rows in them
+//! has read the log a window past them, each consumer measured on its own clock.
 //!
-//! Which rows may go is not decided here: [`super::clock`] says, per consumer, up to when it
-//! has read the log (and that a paused rebuild, or a consumer that never committed, has no
-//! clock and keeps everything); a row goes when it was applied longer than the window before
-//! its consumer's clock. This module only deletes.
+//! Which consumer may lose what is not decided here: [`super::clock`] says, per consumer, up
+//! to when it has read the log (and that a paused rebuild, or a consumer that never committed,
+//! has no clock and keeps everything). A day of `projector.inbox` (one partition, the events
+//! that occurred that UTC day: `crate::inbox`) goes when, for every consumer with rows in it,
+//! the window before that consumer's clock lies past both the day's end and the day's latest
+//! late write (`projector.inbox_late_writes`: a row written into a day that had already ended,
+//! by a late event or a rebuild replaying old days, lives a whole window too). Today's day and
+//! later days never go.
 //!
-//! Never one large `DELETE`: one statement over millions of rows is one long transaction
-//! that holds its row locks, bloats the table and the WAL at once, and keeps vacuum from
-//! reclaiming anything until it ends. A batch is a transaction of its own (a few thousand
-//! rows, milliseconds), so the apply path, which inserts new inbox rows all the while, never
-//! waits for retention for longer than one batch.
+//! How a day goes: `DETACH PARTITION ... CONCURRENTLY`, then `DROP TABLE`, in milliseconds and
+//! without a lock the apply path waits for: the detach takes a SHARE UPDATE EXCLUSIVE lock on
+//! the inbox, which inserts do not conflict with, and waits for the transactions that could
+//! still see the day. Once detached, no insert can land in the day any more, so the rule is
+//! judged again on its final rows, under the inbox's DDL lock: a consumer that wrote into the
+//! day meanwhile (a late event) keeps it, and the day is attached again. Never one large
+//! `DELETE`, which would hold its locks, bloat the table and the WAL, and leave millions of
+//! dead rows to vacuum.
 //!
-//! The inbox is not partitioned by `applied_at` on purpose: a partitioned table's primary
-//! key must contain the partition key, so the key would become `(consumer, event_id,
-//! applied_at)`; `applied_at` is `now()` at insert, different for every redelivery, so the
-//! redelivered event would never conflict with its first row and would be applied again.
-//! Deduplication would stop in silence (docs/operations.md).
+//! The inbox before V0009 (`projector.inbox_legacy`, keyed by event id alone, measured by
+//! `applied_at`) is emptied in one `TRUNCATE` once every consumer with rows there has its
+//! clock a window past its newest row; until then it stays whole.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use deadpool_postgres::Client;
+use chrono::{DateTime, NaiveDate, Utc};
+use deadpool_postgres::{Client, GenericClient};
 
 use super::clock::{self, Clock, ConsumerClock};
 use super::error::{pg, OpsError};
 use super::topic::Retention;
+use crate::inbox::{self, Attachment, Partition};
 
 /// How retention runs.
 #[derive(Debug, Clone)]
@@ -37,10 +43,6 @@ pub struct PruneOptions {
     /// wait to be replayed. An event can be redelivered for that long; its inbox row must
     /// still be there when it is.
     pub min_window: Duration,
-    /// Rows deleted per batch.
-    pub batch: i64,
-    /// The pause between batches: room for the apply path and for replication to keep up.
-    pub pause: Duration,
 }
 
 impl Default for PruneOptions {
@@ -48,8 +50,6 @@ impl Default for PruneOptions {
         Self {
             older_than: DEFAULT_MIN_WINDOW,
             min_window: DEFAULT_MIN_WINDOW,
-            batch: 10_000,
-            pause: Duration::from_millis(20),
         }
     }
 }
@@ -58,43 +58,78 @@ impl Default for PruneOptions {
 /// before it is replayed.
 pub const DEFAULT_MIN_WINDOW: Duration = Duration::from_secs(7 * 86_400);
 
-/// One batch done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PruneProgress {
-    /// Batches so far, this one included.
-    pub batches: u64,
-    /// Rows this batch deleted.
-    pub deleted: u64,
-    /// Rows deleted so far.
-    pub total: u64,
-    /// The newest `applied_at` this batch deleted.
-    pub reached: Option<DateTime<Utc>>,
+/// A late write is recorded when it happens, within this of when its row commits: the rule
+/// reads it this much later than it says, so that a row written at the edge is never early.
+const LATE_MARGIN: chrono::Duration = chrono::Duration::minutes(5);
+
+/// What became of one day.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DayOutcome {
+    /// Detached and dropped, with PostgreSQL's estimate of its rows and its size.
+    Dropped {
+        /// `reltuples` before the drop.
+        rows_estimate: i64,
+        /// Bytes, indexes included.
+        bytes: i64,
+        /// How long the detach and the drop took.
+        took: Duration,
+    },
+    /// Kept, and why, in one line.
+    Kept(String),
+}
+
+/// One day of the inbox and what a run did with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DayPrune {
+    /// The day.
+    pub day: NaiveDate,
+    /// What became of it.
+    pub outcome: DayOutcome,
+}
+
+/// What became of the inbox before V0009.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LegacyOutcome {
+    /// It holds no row.
+    Empty,
+    /// Emptied, with the rows it held.
+    Emptied(i64),
+    /// Kept whole, and why.
+    Kept(String),
 }
 
 /// What a run did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PruneReport {
-    /// Every consumer the run was given, in the order given.
+    /// Every consumer the run was given, with its clock and the moment before which its rows
+    /// may go (`None`: none may).
     pub consumers: Vec<ConsumerPrune>,
-    /// Batches that deleted rows.
-    pub batches: u64,
-    /// Rows deleted.
-    pub deleted: u64,
+    /// Every day that has ended, oldest first.
+    pub days: Vec<DayPrune>,
+    /// The inbox before V0009.
+    pub legacy: LegacyOutcome,
 }
 
-/// What a run did to one consumer's rows.
+impl PruneReport {
+    /// The days dropped.
+    pub fn dropped(&self) -> impl Iterator<Item = &DayPrune> {
+        self.days
+            .iter()
+            .filter(|d| matches!(d.outcome, DayOutcome::Dropped { .. }))
+    }
+}
+
+/// One consumer's clock in a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumerPrune {
     /// The consumer.
     pub consumer: String,
     /// Its clock when the run started.
     pub clock: Clock,
-    /// Its rows applied before this went; `None`: none of them could (no clock, or a rebuild
-    /// of it was paused while the run went on). Fixed when the run starts, so rows that age
-    /// past the window while it runs stay for the next run.
+    /// Its rows that occurred (for the inbox before V0009: were applied) before this may go;
+    /// `None`: none may (no clock, or a rebuild of it was paused while the run went on).
+    /// Fixed when the run starts.
     pub cutoff: Option<DateTime<Utc>>,
-    /// Its rows deleted.
-    pub deleted: u64,
 }
 
 /// Refuses a window shorter than the minimum, in one line.
@@ -107,11 +142,6 @@ pub fn check_window(options: &PruneOptions) -> Result<(), OpsError> {
             humanize(options.older_than),
             humanize(options.min_window)
         )));
-    }
-    if options.batch < 1 {
-        return Err(OpsError::Refused(
-            "the batch size must be at least 1".to_owned(),
-        ));
     }
     Ok(())
 }
@@ -156,115 +186,339 @@ pub fn humanize(d: Duration) -> String {
     }
 }
 
-/// One batch: the oldest `$5` rows from `$2` on (the previous batch's newest: the index scan
-/// starts past the dead entries earlier batches left for vacuum) and before `$1`, the latest
-/// of the cutoffs, of the consumers `$3` each applied before its own cutoff in `$4`; a row of
-/// any other consumer is passed over. Rows are addressed by `ctid`: inbox rows are never
-/// updated, so a row's `ctid` is stable, and the delete is a TID scan of exactly the rows the
-/// index scan found.
-const DELETE_BATCH: &str = "WITH doomed AS ( \
-         SELECT ctid FROM projector.inbox \
-         WHERE applied_at < $1 AND applied_at >= $2 \
-           AND applied_at < ($4::timestamptz[])[array_position($3::text[], consumer::text)] \
-         ORDER BY applied_at LIMIT $5), \
-     deleted AS ( \
-         DELETE FROM projector.inbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed)) \
-         RETURNING consumer, applied_at) \
-     SELECT consumer::text, count(*), max(applied_at) FROM deleted GROUP BY consumer";
+/// The consumers with rows in one table of the inbox (a day, or the inbox before V0009):
+/// its key leads with the consumer, walked one consumer at a time (an index probe each,
+/// however many rows a consumer has).
+fn consumers_in(table: &str) -> String {
+    format!(
+        "WITH RECURSIVE c(consumer) AS ( \
+             (SELECT consumer FROM projector.{table} ORDER BY consumer LIMIT 1) \
+             UNION ALL \
+             SELECT (SELECT t.consumer FROM projector.{table} t WHERE t.consumer > c.consumer \
+                     ORDER BY t.consumer LIMIT 1) \
+             FROM c WHERE c.consumer IS NOT NULL) \
+         SELECT consumer::text FROM c WHERE consumer IS NOT NULL"
+    )
+}
 
-/// Deletes the inbox rows of each consumer of `clocks` applied longer than the window before
-/// its clock, batch by batch, calling `progress` after each, until a batch finds none. Before
-/// every batch the paused rebuilds are read again: a consumer paused meanwhile keeps the rest
-/// of its rows.
+/// Why a day (or the inbox before V0009) must stay, if it must: a consumer with rows in it
+/// whose cutoff is not at or past `need`. `None`: every consumer with rows lets it go.
+fn must_keep(
+    consumers: &[String],
+    cutoffs: &BTreeMap<String, Option<DateTime<Utc>>>,
+    clocks: &BTreeMap<String, Clock>,
+    paused: &BTreeSet<String>,
+    need: DateTime<Utc>,
+    window: chrono::Duration,
+) -> Option<String> {
+    for c in consumers {
+        if paused.contains(c) {
+            return Some(format!("kept for {c}: a rebuild of it is paused"));
+        }
+        match (cutoffs.get(c), clocks.get(c)) {
+            (None, _) | (_, None) => {
+                return Some(format!(
+                    "kept for {c}: it wrote rows here after this run read the consumers' clocks"
+                ))
+            }
+            (Some(None), Some(clock)) => {
+                return Some(format!("kept for {c}: {}", clock.describe()))
+            }
+            (Some(Some(cutoff)), Some(clock)) if *cutoff < need => {
+                return Some(format!(
+                    "kept for {c}: its {}, and rows up to {} stay for {} after it",
+                    clock.describe(),
+                    need.format("%Y-%m-%d %H:%M:%SZ"),
+                    humanize(window.to_std().unwrap_or_default()),
+                ))
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The rows of one day must stay until every consumer's cutoff is past this: the day's end,
+/// or its latest late write (plus [`LATE_MARGIN`]) if later.
+async fn need_of(client: &impl GenericClient, day: NaiveDate) -> Result<DateTime<Utc>, OpsError> {
+    let late: Option<DateTime<Utc>> = client
+        .query_one(
+            "SELECT max(written_at) FROM projector.inbox_late_writes WHERE day = $1",
+            &[&day],
+        )
+        .await
+        .map_err(pg("reading the inbox's late writes"))?
+        .get(0);
+    let end = inbox::bounds(day).1;
+    Ok(late.map_or(end, |l| end.max(l + LATE_MARGIN)))
+}
+
+/// Drops the days of the inbox that every consumer with rows in them has left a window
+/// behind on its own clock (`clocks`, read by the caller before the run), oldest first,
+/// calling `progress` after each day it judged, then empties the inbox before V0009 when it
+/// may. Before each day the paused rebuilds are read again: a consumer paused meanwhile keeps
+/// its days.
 pub async fn prune_inbox(
-    client: &Client,
+    client: &mut Client,
     options: &PruneOptions,
     clocks: &[ConsumerClock],
-    mut progress: impl FnMut(&PruneProgress),
+    mut progress: impl FnMut(&DayPrune),
 ) -> Result<PruneReport, OpsError> {
     check_window(options)?;
     let window = chrono::Duration::from_std(options.older_than)
         .map_err(|_| OpsError::Refused("the window is too long".to_owned()))?;
-    let mut report = PruneReport {
-        consumers: clocks
-            .iter()
-            .map(|c| ConsumerPrune {
-                consumer: c.consumer.clone(),
-                clock: c.clock.clone(),
-                cutoff: c.clock.cutoff(window),
-                deleted: 0,
-            })
-            .collect(),
-        batches: 0,
-        deleted: 0,
-    };
-    let statement = client
-        .prepare(DELETE_BATCH)
+    let consumers: Vec<ConsumerPrune> = clocks
+        .iter()
+        .map(|c| ConsumerPrune {
+            consumer: c.consumer.clone(),
+            clock: c.clock.clone(),
+            cutoff: c.clock.cutoff(window),
+        })
+        .collect();
+    let cutoffs: BTreeMap<String, Option<DateTime<Utc>>> = consumers
+        .iter()
+        .map(|c| (c.consumer.clone(), c.cutoff))
+        .collect();
+    let by_name: BTreeMap<String, Clock> = clocks
+        .iter()
+        .map(|c| (c.consumer.clone(), c.clock.clone()))
+        .collect();
+    let now: DateTime<Utc> = client
+        .query_one("SELECT now()", &[])
         .await
-        .map_err(pg("preparing the batch delete"))?;
-    // The oldest row, through the index: where the first batch's index scan starts.
-    let oldest: Option<DateTime<Utc>> = client
-        .query_one("SELECT min(applied_at) FROM projector.inbox", &[])
-        .await
-        .map_err(pg("finding the oldest inbox row"))?
+        .map_err(pg("reading the server's clock"))?
         .get(0);
-    let Some(mut from) = oldest else {
-        return Ok(report);
-    };
-    loop {
-        let paused = clock::paused(client).await?;
-        let mut consumers = Vec::new();
-        let mut cutoffs = Vec::new();
-        for c in &mut report.consumers {
-            if paused.contains(&c.consumer) {
-                c.cutoff = None;
-            }
-            if let Some(cutoff) = c.cutoff {
-                consumers.push(c.consumer.clone());
-                cutoffs.push(cutoff);
-            }
+    let today = inbox::day_of(now);
+    let mut days = Vec::new();
+    for partition in inbox::partitions(&*client)
+        .await
+        .map_err(pg("listing the inbox's days"))?
+    {
+        if partition.day >= today {
+            continue;
         }
-        let Some(latest) = cutoffs.iter().max().copied() else {
-            break;
+        // A day younger than the window on the server's own clock stays, rows or not: an
+        // empty yesterday would otherwise go at once, and be made again by the first late
+        // event.
+        let outcome = if inbox::bounds(partition.day).1 > now - window {
+            DayOutcome::Kept(format!(
+                "younger than the window: it ended less than {} ago",
+                humanize(options.older_than)
+            ))
+        } else {
+            let paused = clock::paused(client).await?;
+            prune_day(client, &partition, &cutoffs, &by_name, &paused, window).await?
         };
-        let rows = client
-            .query(
-                &statement,
-                &[&latest, &from, &consumers, &cutoffs, &options.batch],
-            )
+        let done = DayPrune {
+            day: partition.day,
+            outcome,
+        };
+        progress(&done);
+        days.push(done);
+    }
+    let paused = clock::paused(client).await?;
+    let legacy = prune_legacy(client, &cutoffs, &by_name, &paused, window).await?;
+    Ok(PruneReport {
+        consumers,
+        days,
+        legacy,
+    })
+}
+
+/// Judges one day and drops it when the rule lets it go (see the module documentation).
+async fn prune_day(
+    client: &mut Client,
+    partition: &Partition,
+    cutoffs: &BTreeMap<String, Option<DateTime<Utc>>>,
+    clocks: &BTreeMap<String, Clock>,
+    paused: &BTreeSet<String>,
+    window: chrono::Duration,
+) -> Result<DayOutcome, OpsError> {
+    let day = partition.day;
+    let name = inbox::partition_name(day);
+    let judge =
+        |consumers: Vec<String>, need| must_keep(&consumers, cutoffs, clocks, paused, need, window);
+    let consumers: Vec<String> = client
+        .query(&consumers_in(&name), &[])
+        .await
+        .map_err(pg(
+            "reading which consumers have rows in a day of the inbox",
+        ))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let need = need_of(&*client, day).await?;
+    if let Some(reason) = judge(consumers, need) {
+        if partition.attachment != Attachment::Attached {
+            // A drop that stopped half-way decided on rows it could no longer see: attached
+            // again, the next run decides afresh.
+            let tx = client
+                .transaction()
+                .await
+                .map_err(pg("reattaching a day"))?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&inbox::DDL_LOCK])
+                .await
+                .map_err(pg("taking the inbox's DDL lock"))?;
+            inbox::attach_again(&tx, day)
+                .await
+                .map_err(pg("attaching a day of the inbox again"))?;
+            tx.commit()
+                .await
+                .map_err(pg("attaching a day of the inbox again"))?;
+        }
+        return Ok(DayOutcome::Kept(reason));
+    }
+    let started = std::time::Instant::now();
+    match partition.attachment {
+        Attachment::Attached => {
+            // Outside any transaction, by PostgreSQL's rule for CONCURRENTLY.
+            client
+                .batch_execute(&format!(
+                    "ALTER TABLE projector.inbox DETACH PARTITION projector.{name} CONCURRENTLY"
+                ))
+                .await
+                .map_err(pg("detaching a day of the inbox"))?;
+        }
+        Attachment::DetachPending => {
+            inbox::finalize_detach(&*client, day)
+                .await
+                .map_err(pg("finishing the detach of a day of the inbox"))?;
+        }
+        Attachment::Detached => {}
+    }
+    // Detached: no insert lands in it any more. Its rows are final; judge them again, under
+    // the DDL lock, so that no batch attaches the day again in between.
+    let tx = client.transaction().await.map_err(pg("dropping a day"))?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&inbox::DDL_LOCK])
+        .await
+        .map_err(pg("taking the inbox's DDL lock"))?;
+    let attached = inbox::partitions(&tx)
+        .await
+        .map_err(pg("listing the inbox's days"))?
+        .into_iter()
+        .find(|p| p.day == day)
+        .map(|p| p.attachment);
+    match attached {
+        None => {
+            tx.commit().await.map_err(pg("dropping a day"))?;
+            return Ok(DayOutcome::Kept(
+                "gone already: another prune dropped it".to_owned(),
+            ));
+        }
+        Some(Attachment::Attached) => {
+            tx.commit().await.map_err(pg("dropping a day"))?;
+            return Ok(DayOutcome::Kept(
+                "attached again by a batch that needed its day; the next run decides again"
+                    .to_owned(),
+            ));
+        }
+        Some(_) => {}
+    }
+    let consumers: Vec<String> = tx
+        .query(&consumers_in(&name), &[])
+        .await
+        .map_err(pg(
+            "reading which consumers have rows in a day of the inbox",
+        ))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let need = need_of(&tx, day).await?;
+    if let Some(reason) = judge(consumers, need) {
+        inbox::attach_again(&tx, day)
             .await
-            .map_err(pg("deleting a batch of inbox rows"))?;
-        let mut deleted = 0u64;
-        let mut reached: Option<DateTime<Utc>> = None;
-        for row in &rows {
-            let consumer: &str = row.get(0);
-            let n = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
-            let newest: Option<DateTime<Utc>> = row.get(2);
-            deleted += n;
-            reached = reached.max(newest);
-            if let Some(c) = report.consumers.iter_mut().find(|c| c.consumer == consumer) {
-                c.deleted += n;
+            .map_err(pg("attaching a day of the inbox again"))?;
+        tx.commit()
+            .await
+            .map_err(pg("attaching a day of the inbox again"))?;
+        return Ok(DayOutcome::Kept(format!(
+            "{reason} (written while it was detached; attached again)"
+        )));
+    }
+    tx.batch_execute(&format!("DROP TABLE projector.{name}"))
+        .await
+        .map_err(pg("dropping a day of the inbox"))?;
+    tx.execute(
+        "DELETE FROM projector.inbox_late_writes WHERE day = $1",
+        &[&day],
+    )
+    .await
+    .map_err(pg("forgetting a dropped day's late writes"))?;
+    tx.commit().await.map_err(pg("dropping a day"))?;
+    Ok(DayOutcome::Dropped {
+        rows_estimate: partition.rows_estimate,
+        bytes: partition.bytes,
+        took: started.elapsed(),
+    })
+}
+
+/// Empties the inbox before V0009 when every consumer with rows there has its cutoff past the
+/// table's newest row.
+async fn prune_legacy(
+    client: &mut Client,
+    cutoffs: &BTreeMap<String, Option<DateTime<Utc>>>,
+    clocks: &BTreeMap<String, Clock>,
+    paused: &BTreeSet<String>,
+    window: chrono::Duration,
+) -> Result<LegacyOutcome, OpsError> {
+    let newest: Option<DateTime<Utc>> = client
+        .query_one("SELECT max(applied_at) FROM projector.inbox_legacy", &[])
+        .await
+        .map_err(pg("reading the inbox before V0009"))?
+        .get(0);
+    let Some(newest) = newest else {
+        return Ok(LegacyOutcome::Empty);
+    };
+    let consumers: Vec<String> = client
+        .query(&consumers_in("inbox_legacy"), &[])
+        .await
+        .map_err(pg(
+            "reading which consumers have rows in the inbox before V0009",
+        ))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if let Some(reason) = must_keep(&consumers, cutoffs, clocks, paused, newest, window) {
+        return Ok(LegacyOutcome::Kept(reason));
+    }
+    let rows: i64 = client
+        .query_one(
+            "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'projector.inbox_legacy'::regclass",
+            &[],
+        )
+        .await
+        .map_err(pg("reading the inbox before V0009"))?
+        .get(0);
+    // A statement that still looks rows up there (a consumer's, until its process restarts)
+    // holds the table for a moment: a short lock wait, a few tries, never a queue the apply
+    // path waits behind for long.
+    let mut tries = 0;
+    loop {
+        let tx = client
+            .transaction()
+            .await
+            .map_err(pg("emptying the inbox before V0009"))?;
+        tx.batch_execute("SET LOCAL lock_timeout = '200ms'")
+            .await
+            .map_err(pg("emptying the inbox before V0009"))?;
+        match tx.batch_execute("TRUNCATE projector.inbox_legacy").await {
+            Ok(()) => {
+                tx.commit()
+                    .await
+                    .map_err(pg("emptying the inbox before V0009"))?;
+                return Ok(LegacyOutcome::Emptied(rows));
             }
-        }
-        if deleted == 0 {
-            break;
-        }
-        if let Some(r) = reached {
-            from = r;
-        }
-        report.batches += 1;
-        report.deleted += deleted;
-        progress(&PruneProgress {
-            batches: report.batches,
-            deleted,
-            total: report.deleted,
-            reached,
-        });
-        if !options.pause.is_zero() {
-            tokio::time::sleep(options.pause).await;
+            Err(e)
+                if tries < 20
+                    && e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
+            {
+                tries += 1;
+                drop(tx);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(pg("emptying the inbox before V0009")(e)),
         }
     }
-    Ok(report)
 }
 
 #[cfg(test)]

@@ -150,19 +150,32 @@ pub struct KafkaStatus {
     pub error: Option<String>,
 }
 
-/// The inbox table, all versions together.
+/// The inbox, all versions together: its days (`projector.inbox`, one partition per UTC day
+/// of the events' `occurred_at`) and the inbox before V0009.
 #[derive(Debug, Clone, Serialize)]
 pub struct InboxStatus {
-    /// PostgreSQL's estimate of its rows (`pg_class.reltuples`, exact right after an
-    /// `ANALYZE`); counted exactly while the table was never analyzed and is under 10 MiB;
-    /// `None` for a larger table never analyzed. Counting a large table would read all of it.
+    /// PostgreSQL's estimate of its rows (`pg_class.reltuples` of each day and of the inbox
+    /// before V0009, exact right after an `ANALYZE`); `None` when a day never analyzed is
+    /// over 10 MiB (counting it would read all of it); a smaller one is counted.
     pub rows_estimate: Option<i64>,
-    /// Table and index size on disk.
+    /// Tables and indexes on disk.
     pub bytes: i64,
-    /// The oldest row's `applied_at` (through the time index), `None` when empty.
+    /// When the oldest row was applied, or where the oldest day begins: `None` when empty.
     pub oldest_applied_at: Option<DateTime<Utc>>,
     /// Its age in seconds.
     pub oldest_age_seconds: Option<i64>,
+    /// Days attached.
+    pub days: usize,
+    /// The oldest attached day.
+    pub oldest_day: Option<chrono::NaiveDate>,
+    /// The end of the newest attached day: the engine makes days ahead
+    /// (`projector_engine::inbox::AHEAD_DAYS`); less than a day ahead means it fell behind.
+    pub partitions_until: Option<DateTime<Utc>>,
+    /// Seconds from now to `partitions_until` (negative: behind).
+    pub partitions_ahead_seconds: Option<i64>,
+    /// Rows left in the inbox before V0009 (keyed by event id alone), estimated; 0 once
+    /// `projector inbox prune` emptied it.
+    pub legacy_rows_estimate: i64,
 }
 
 /// One view version.
@@ -402,6 +415,27 @@ pub async fn collect(
                      `projector status` count it gone: {error}",
                     local.instance()
                 ),
+            ));
+        }
+    }
+    // The inbox's days ahead: every `run` makes them; less than a day left means none did.
+    if let Some(inbox) = &db.inbox {
+        let behind = inbox.partitions_ahead_seconds.is_none_or(|s| s < 86_400);
+        if behind {
+            problems.push(Problem::global(
+                Severity::Warn,
+                ProblemKind::InboxPartitionsBehind,
+                match inbox.partitions_until {
+                    Some(until) => format!(
+                        "the inbox's days end at {}, less than a day ahead (the engine makes {} \
+                         days ahead): is a `projector run` running, and can it create tables in \
+                         schema projector? `projector migrate` makes them too; a batch makes the \
+                         day it needs meanwhile",
+                        until.format("%Y-%m-%d %H:%M:%SZ"),
+                        crate::inbox::AHEAD_DAYS
+                    ),
+                    None => "the inbox has no day at all: run `projector migrate`".to_owned(),
+                },
             ));
         }
     }
@@ -999,31 +1033,77 @@ async fn read_db(pool: &Pool, topic: &str, options: &StatusOptions) -> Result<Db
     {
         db.waiting.insert(r.get(0), r.get(1));
     }
-    let r = tx
-        .query_one(
-            "SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint \
-                         WHEN pg_relation_size(c.oid) < 10485760 \
-                         THEN (SELECT count(*) FROM projector.inbox) END, \
-                    pg_total_relation_size(c.oid), \
-                    (SELECT min(applied_at) FROM projector.inbox) \
-             FROM pg_class c WHERE c.oid = 'projector.inbox'::regclass",
-            &[],
-        )
-        .await
-        .map_err(pg("reading the inbox's size"))?;
-    let oldest: Option<DateTime<Utc>> = r.get(2);
     let now = db.now.unwrap_or_else(Utc::now);
-    db.inbox = Some(InboxStatus {
-        rows_estimate: r.get(0),
-        bytes: r.get(1),
-        oldest_applied_at: oldest,
-        oldest_age_seconds: oldest.map(|o| (now - o).num_seconds().max(0)),
-    });
+    db.inbox = Some(inbox_status(&tx, now).await?);
     db.processes = crate::processes::read(&tx)
         .await
         .map_err(pg("reading the running processes"))?;
     tx.commit().await.map_err(pg("ending the snapshot"))?;
     Ok(db)
+}
+
+/// The inbox's days and the inbox before V0009, from the catalog: never a scan of a large
+/// table.
+async fn inbox_status(
+    tx: &deadpool_postgres::Transaction<'_>,
+    now: DateTime<Utc>,
+) -> Result<InboxStatus, OpsError> {
+    let days: Vec<crate::inbox::Partition> = crate::inbox::partitions(tx)
+        .await
+        .map_err(pg("listing the inbox's days"))?
+        .into_iter()
+        .filter(|p| p.attachment == crate::inbox::Attachment::Attached)
+        .collect();
+    let mut rows: Option<i64> = Some(0);
+    for d in &days {
+        // reltuples is 0 or -1 before the first analyze: count a small day, give up on a
+        // large one.
+        let n = if d.rows_estimate > 0 {
+            Some(d.rows_estimate)
+        } else if d.bytes < 10 * 1024 * 1024 {
+            let table = crate::inbox::partition_name(d.day);
+            Some(
+                tx.query_one(&format!("SELECT count(*) FROM projector.{table}"), &[])
+                    .await
+                    .map_err(pg("counting a day of the inbox"))?
+                    .get(0),
+            )
+        } else {
+            None
+        };
+        rows = rows.zip(n).map(|(a, b)| a + b);
+    }
+    let legacy = tx
+        .query_one(
+            "SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint \
+                         WHEN pg_relation_size(c.oid) < 10485760 \
+                         THEN (SELECT count(*) FROM projector.inbox_legacy) ELSE 0 END, \
+                    pg_total_relation_size(c.oid), \
+                    (SELECT min(applied_at) FROM projector.inbox_legacy) \
+             FROM pg_class c WHERE c.oid = 'projector.inbox_legacy'::regclass",
+            &[],
+        )
+        .await
+        .map_err(pg("reading the inbox before V0009"))?;
+    let legacy_rows: i64 = legacy.get(0);
+    let oldest_day = days.first().map(|d| d.day);
+    let oldest = legacy
+        .get::<_, Option<DateTime<Utc>>>(2)
+        .into_iter()
+        .chain(oldest_day.map(|d| crate::inbox::bounds(d).0))
+        .min();
+    let until = days.last().map(|d| crate::inbox::bounds(d.day).1);
+    Ok(InboxStatus {
+        rows_estimate: rows.map(|r| r + legacy_rows.max(0)),
+        bytes: days.iter().map(|d| d.bytes).sum::<i64>() + legacy.get::<_, i64>(1),
+        oldest_applied_at: oldest,
+        oldest_age_seconds: oldest.map(|o| (now - o).num_seconds().max(0)),
+        days: days.len(),
+        oldest_day,
+        partitions_until: until,
+        partitions_ahead_seconds: until.map(|u| (u - now).num_seconds()),
+        legacy_rows_estimate: legacy_rows.max(0),
+    })
 }
 
 /// Per version: (messages consumed, events applied) and PostgreSQL's clock.
