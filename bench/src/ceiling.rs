@@ -220,10 +220,15 @@ async fn partition(
         let next = last.offset + 1;
         let tx = client.transaction().await.doing("ceiling: begin")?;
         let sink = tx
-            .copy_in("COPY projector.inbox (consumer, event_id) FROM STDIN (FORMAT binary)")
+            .copy_in(
+                "COPY projector.inbox (consumer, occurred_at, event_id) FROM STDIN (FORMAT binary)",
+            )
             .await
             .doing("ceiling: COPY")?;
-        let mut writer = pin!(BinaryCopyInWriter::new(sink, &[Type::TEXT, Type::TEXT]));
+        let mut writer = pin!(BinaryCopyInWriter::new(
+            sink,
+            &[Type::TEXT, Type::TIMESTAMPTZ, Type::TEXT]
+        ));
         for item in chunk {
             let trade = item.write.is_some();
             for (consumer, writes) in [
@@ -232,9 +237,10 @@ async fn partition(
                 (eod.as_deref(), true),
             ] {
                 if let (Some(consumer), true) = (consumer, writes) {
+                    let at = crate::events::occurred_at(item.event.at_ms);
                     writer
                         .as_mut()
-                        .write(&[&consumer, &item.event.event_id])
+                        .write(&[&consumer, &at, &item.event.event_id])
                         .await
                         .doing("ceiling: COPY row")?;
                 }
@@ -323,9 +329,9 @@ async fn partition(
             .iter()
             .map(|c| -> [&(dyn ToSql + Sync); 4] { [c, &accounts, &seqs, &ids] })
             .collect();
-        let advance_params: Vec<[&(dyn ToSql + Sync); 16]> = advances
+        let advance_params: Vec<[&(dyn ToSql + Sync); 17]> = advances
             .iter()
-            .map(|a| -> [&(dyn ToSql + Sync); 16] {
+            .map(|a| -> [&(dyn ToSql + Sync); 17] {
                 [
                     &a.consumer,
                     &topic,
@@ -339,6 +345,7 @@ async fn partition(
                     &zero,
                     &zero,
                     &owner,
+                    &zero,
                     &zero,
                     &zero,
                     &zero,

@@ -21,8 +21,8 @@ const SYMBOLS: [(&str, i64); 4] = [
 ];
 
 /// Trading days the events span; `occurred_at` spreads evenly over them.
-const DAYS: [&str; 2] = ["2026-11-29", "2026-11-30"];
-const DAY_MS: u64 = 86_400_000;
+pub const DAYS: [&str; 2] = ["2026-11-29", "2026-11-30"];
+pub const DAY_MS: u64 = 86_400_000;
 
 /// Prices have five decimals; this lifts them to scale 10.
 const PRICE_TO_10: i128 = 100_000;
@@ -185,6 +185,15 @@ pub fn timestamp(ms: u64) -> String {
         t / 1000 % 60,
         t % 1000
     )
+}
+
+/// Seconds from the Unix epoch to midnight UTC of the first trading day, `DAYS[0]`.
+const FIRST_DAY_UNIX: u64 = 1_795_910_400;
+
+/// `timestamp(ms)` as a time, for the inbox's `occurred_at` written by the ceiling and the
+/// filler (the days are consecutive).
+pub fn occurred_at(ms: u64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + std::time::Duration::from_millis(FIRST_DAY_UNIX * 1000 + ms)
 }
 
 /// A scaled integer as decimal text: `fixed(-12345, 2)` is `-123.45`.
@@ -722,6 +731,30 @@ impl Fold {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn occurred_at_is_the_wire_timestamp() {
+        for ms in [0, 1, 86_399_999, 86_400_000, 123_456_789] {
+            let text = timestamp(ms);
+            let unix = occurred_at(ms)
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after the epoch")
+                .as_millis();
+            let (day, rest) = text.split_once('T').expect("a date and a time");
+            let days_after = u128::from(day != DAYS[0]);
+            let clock: Vec<u128> = rest
+                .trim_end_matches('Z')
+                .split([':', '.'])
+                .map(|p| p.parse().expect("a number"))
+                .collect();
+            let ms_of_day = ((clock[0] * 60 + clock[1]) * 60 + clock[2]) * 1000 + clock[3];
+            assert_eq!(
+                unix,
+                u128::from(FIRST_DAY_UNIX) * 1000 + days_after * 86_400_000 + ms_of_day,
+                "{text}"
+            );
+        }
+    }
 
     #[test]
     fn payloads_are_the_wire_format() {

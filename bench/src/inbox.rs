@@ -75,7 +75,19 @@ pub async fn fill(
     }
     let queue = Mutex::new(slices);
     let done = Mutex::new(0u64);
-    let now = SystemTime::now();
+    // The week before the bench's first trading day: its rows occurred then, and its days
+    // are the inbox's partitions, made first as a running engine makes them ahead.
+    let now = crate::events::occurred_at(0);
+    let mut client = pool.get().await.doing("connecting to PostgreSQL")?;
+    let days = (1..=WINDOW.as_secs() / 86_400)
+        .filter_map(|d| now.checked_sub(Duration::from_secs(d * 86_400)))
+        .map(|t| projector_engine::inbox::day_of(t.into()))
+        .collect();
+    projector_engine::inbox::Days::new()
+        .make(&mut client, &days)
+        .await
+        .doing("inbox: making the week's days")?;
+    drop(client);
     let streams = (0..STREAMS)
         .map(|_| stream(pool, consumer, rows, now, &queue, &done, started))
         .collect();
@@ -104,13 +116,13 @@ async fn stream(
         };
         let sink = client
             .copy_in(
-                "COPY projector.inbox (consumer, event_id, applied_at) FROM STDIN (FORMAT binary)",
+                "COPY projector.inbox (consumer, occurred_at, event_id) FROM STDIN (FORMAT binary)",
             )
             .await
             .doing("inbox: COPY")?;
         let mut writer = pin!(BinaryCopyInWriter::new(
             sink,
-            &[Type::TEXT, Type::TEXT, Type::TIMESTAMPTZ]
+            &[Type::TEXT, Type::TIMESTAMPTZ, Type::TEXT]
         ));
         let base = *done.lock().unwrap_or_else(|p| p.into_inner());
         let mut written = 0u64;
@@ -123,10 +135,10 @@ async fn stream(
                     u64::try_from(u128::from(at) * WINDOW.as_nanos() / u128::from(rows.max(1)))
                         .unwrap_or(u64::MAX),
                 ));
-                let applied_at = now.checked_sub(age).unwrap_or(now);
+                let occurred_at = now.checked_sub(age).unwrap_or(now);
                 writer
                     .as_mut()
-                    .write(&[&consumer, &id, &applied_at])
+                    .write(&[&consumer, &occurred_at, &id])
                     .await
                     .doing("inbox: COPY row")?;
                 written += 1;
