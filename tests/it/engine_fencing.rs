@@ -25,6 +25,10 @@ async fn a_zombie_holding_a_batch_cannot_commit_it() {
 
     // The zombie opens its batch and applies it, but stalls before committing while holding
     // the partition's offset row lock.
+    applier
+        .make_days_for(&mut zombie, &log.batch(0, 10))
+        .await
+        .expect("the inbox's days");
     let mut zombie_tx = zombie.transaction().await.expect("begin");
     let zombie_outcome = applier
         .apply_in(&mut zombie_tx, &log.batch(0, 10))

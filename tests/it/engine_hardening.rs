@@ -525,6 +525,10 @@ async fn two_writers_of_one_account_take_turns_and_leave_no_stale_park() {
     applier_apply(&applier, &mut a, &p0.batch(0, 4)).await;
 
     // Writer A applies seq 5 and has not committed yet...
+    applier
+        .make_days_for(&mut a, &p0.batch(4, 10))
+        .await
+        .expect("the inbox's days");
     let mut tx = a.transaction().await.expect("begin");
     let held = applier
         .apply_in(&mut tx, &p0.batch(4, 10))

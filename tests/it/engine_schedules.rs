@@ -136,6 +136,10 @@ async fn run_schedule(
                 }
             }
             Step::Crash { len } => {
+                applier
+                    .make_days_for(&mut client, &log.batch(at, len))
+                    .await
+                    .expect("the inbox's days");
                 let mut tx = client.transaction().await.expect("begin");
                 applier
                     .apply_in(&mut tx, &log.batch(at, len))

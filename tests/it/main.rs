@@ -18,6 +18,8 @@ mod engine_poison;
 mod engine_pool;
 mod engine_schedules;
 mod examples_custom_views;
+mod inbox_layout;
+mod inbox_move;
 mod kafka_drains;
 mod kafka_faults;
 mod kafka_fencing_after_a_timeout;

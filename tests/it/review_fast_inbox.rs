@@ -233,6 +233,10 @@ async fn fast_inbox_concurrent_writers_reusing_an_id_apply_it_once() {
         p1.push_event(&f(2, 2, "1").with_id("shared"));
         p1.push_event(&f(2, 3, "1"));
 
+        applier
+            .make_days_for(&mut a, &p0.batch(0, 10))
+            .await
+            .expect("the inbox's days");
         let mut tx = a.transaction().await.expect("begin");
         let held = applier
             .apply_in(&mut tx, &p0.batch(0, 10))
@@ -469,6 +473,10 @@ async fn fast_inbox_an_order_independent_view_waits_on_a_concurrent_writer_of_th
         p1.push_event(&f(2, 1, "2"));
         p1.push_event(&f(2, 2, "4").with_id("shared"));
 
+        applier
+            .make_days_for(&mut a, &p0.batch(0, 10))
+            .await
+            .expect("the inbox's days");
         let mut tx = a.transaction().await.expect("begin");
         let held = applier
             .apply_in(&mut tx, &p0.batch(0, 10))

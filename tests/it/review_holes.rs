@@ -300,6 +300,10 @@ async fn hole_c_a_writer_that_waited_for_the_account_sees_the_park_made_meanwhil
         .expect("seqs 1 to 3");
 
     // Writer A holds seq 5: it waits for seq 4 and parks the account, not yet committed...
+    applier
+        .make_days_for(&mut a, &p0.batch(3, 10))
+        .await
+        .expect("the inbox's days");
     let mut tx = a.transaction().await.expect("begin");
     let held = applier
         .apply_in(&mut tx, &p0.batch(3, 10))

@@ -680,9 +680,14 @@ async fn review_risk_a_batch_writes_each_row_once_and_equals_one_event_at_a_time
 async fn review_risk_a_run_with_an_event_that_fails_alone_fails_whole() {
     use rust_decimal::Decimal;
     let (db, view) = risk_db(1).await;
-    let client = db.client().await;
+    let mut client = db.client().await;
     let statement = projector_engine::apply::compose_statement(&*view);
     let at: chrono::DateTime<chrono::Utc> = AT.parse().expect("time");
+    // The statement writes the inbox's day of `at`, which the engine would make first.
+    projector_engine::inbox::Days::new()
+        .make(&mut client, &[projector_engine::inbox::day_of(at)].into())
+        .await
+        .expect("the inbox's day");
     let run = |prices: &[&str], qtys: &[Option<&str>]| {
         let n = prices.len();
         let ids: Vec<String> = (0..n).map(|i| format!("e{i}-{}", prices.len())).collect();

@@ -237,12 +237,15 @@ async fn review2_portfolio_update_insert_equals_the_old_upsert_under_replays_and
         let mut rng = Lcg(seed);
         let accounts: Vec<Vec<EventSpec>> = (1..=6).map(|a| trades(&mut rng, a, 1, 30)).collect();
         // Two reused ids: a producer gives a later event of another account an id the inbox
-        // already has (skipped as an inbox duplicate, through the pipelined retry).
+        // already has, with its time too (the inbox's key: skipped as an inbox duplicate,
+        // through the pipelined retry).
         let mut accounts = accounts;
-        let first = accounts[0][1].event_id.clone();
-        accounts[4][3] = accounts[4][3].clone().with_id(&first);
-        let second = accounts[1][8].event_id.clone();
-        accounts[5][6] = accounts[5][6].clone().with_id(&second);
+        for ((from, i), (to, j)) in [((0, 1), (4, 3)), ((1, 8), (5, 6))] {
+            let original = accounts[from][i].clone();
+            let mut reused = accounts[to][j].clone().with_id(&original.event_id);
+            reused.occurred_at = original.occurred_at;
+            accounts[to][j] = reused;
+        }
         let mut log = Partition::new("trades", 0);
         interleave(&mut rng, accounts, &mut log);
 
