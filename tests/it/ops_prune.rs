@@ -228,7 +228,6 @@ fn a_window_shorter_than_the_minimum_is_refused_in_one_line() {
     let options = PruneOptions {
         older_than: DAY,
         min_window: 7 * DAY,
-        ..PruneOptions::default()
     };
     let e = check_window(&options).expect_err("refused");
     assert!(e.to_string().contains("minimum window is 7d"), "{e}");
@@ -500,7 +499,7 @@ async fn a_stopped_consumer_keeps_the_days_it_has_rows_in() {
     );
     assert!(
         out.stdout
-            .contains(&format!("dropped 1 day(s) of the inbox older than 7d"))
+            .contains("dropped 1 day(s) of the inbox older than 7d")
             && out.stdout.contains(&day_earlier.to_string())
             && out.stdout.contains("portfolio_v1: its rows before")
             && out.stdout.contains("eod_v1: its rows before"),
