@@ -35,7 +35,7 @@ use crate::projection::{render, Field, Projection};
 const DIGITS: usize = 16;
 
 /// The fingerprint of a view version's code: a hash of its name, version, subscribed types,
-/// fields, dedup mode, ordering, tables, DDL and every statement (apply, read, notices,
+/// fields, the versions it reads its types at (when above 1), dedup mode, ordering, tables, DDL and every statement (apply, read, notices,
 /// snapshot), rendered for its version, with line ends normalised (a checkout with CRLF line
 /// ends is the same code).
 pub fn of(projection: &dyn Projection) -> String {
@@ -60,6 +60,17 @@ pub fn of(projection: &dyn Projection) -> String {
         })
         .collect();
     field("fields", &fields.join(","));
+    // The versions the view reads its types at, when any is above 1: a view written before
+    // event versions existed keeps the fingerprint it had.
+    let reads: Vec<String> = crate::upcast::Upcasters::new(projection.upcasters())
+        .map(|u| u.versions())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(t, v)| format!("{t}:{v}"))
+        .collect();
+    if !reads.is_empty() {
+        field("reads", &reads.join(","));
+    }
     field("dedup", projection.dedup().as_str());
     field(
         "order_independent",
