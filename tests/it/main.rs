@@ -17,6 +17,7 @@ mod engine_parking;
 mod engine_poison;
 mod engine_pool;
 mod engine_schedules;
+mod event_versions;
 mod examples_custom_views;
 mod kafka_drains;
 mod kafka_faults;
