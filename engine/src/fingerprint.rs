@@ -21,7 +21,8 @@
 //! A change that keeps a version's results (a faster statement, say) declares the
 //! fingerprints it replaces ([`Projection::replaces`]), so upgrading the binary keeps the
 //! version running; a change of results is a new version, built by `projector rebuild`.
-//! Rust code the engine cannot read (`Projection::validate`) is not in the fingerprint: a
+//! Rust code the engine cannot read (`Projection::validate`, the bodies of upcasters; the
+//! version a view reads each type at is in) is not in the fingerprint: a
 //! change there that changes results is a new version by the same rule.
 
 use std::fmt::Write as _;
