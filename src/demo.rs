@@ -135,6 +135,8 @@ struct Report {
     load: LoadConfig,
     ran: Duration,
     write: WriteReport,
+    /// Fills and busts written at version 1 (before the upgrade) and 2 (after).
+    trades_by_version: (i64, i64),
     quotes: QuotesReport,
     story: Vec<String>,
     views: Vec<ViewStats>,
@@ -191,11 +193,13 @@ impl Report {
             w.refused_suspect
         ));
         line(format!(
-            "  events        {} written (fill_executed {}, fill_busted {}, cash_adjusted {})",
+            "  events        {} written (fill_executed {}, fill_busted {}, cash_adjusted {}); fills and busts at version 1 {}, at version 2 {}",
             w.events(),
             w.fills,
             w.busts,
-            w.cash
+            w.cash,
+            self.trades_by_version.0,
+            self.trades_by_version.1
         ));
         line(format!(
             "  published     {} (redeliveries injected {} in {} relay crashes between publish and mark)",
@@ -469,6 +473,10 @@ async fn story(
     let write_side = WriteSide::new(pool.clone())
         .await
         .context("cannot set up the write side's schema")?;
+    // The producers start at version 1 of fills and busts and are upgraded to version 2
+    // halfway (below): the topic holds both, interleaved for every account, and the views
+    // read both through their upcaster.
+    write_side.set_fill_version(1)?;
     // The flags' defaults of `projector simulate`, which a unit test there holds equal.
     let feed = FeedConfig {
         seed: args.seed,
@@ -557,6 +565,7 @@ async fn story(
     let load_started = Instant::now();
     let at = |percent: u32| load_started + args.duration * percent / 100;
     let (join_at, rebuild_at, kill_at, load_end) = (at(20), at(35), at(60), at(100));
+    let upgrade_at = at(50);
 
     let rebuild_progress = Arc::new(RebuildProgress {
         display: Arc::clone(display),
@@ -676,6 +685,13 @@ async fn story(
             ),
         );
 
+        if write_side.fill_version() == 1 && now >= upgrade_at {
+            write_side.set_fill_version(2)?;
+            tell(
+                &mut story,
+                "the write side upgraded its producers: fills and busts are now version 2 (a signed qty, no side); the views read both".to_owned(),
+            );
+        }
         if b.is_none() && now >= join_at {
             let engine = Engine::spawn("B", &brokers, TOPIC, &url)?;
             tell(
@@ -813,6 +829,7 @@ async fn story(
         .await
         .context("cannot connect to the demo database")?;
     let reconciled = reconcile(&mut client).await?;
+    let trades_by_version = write_side.trades_by_version().await?;
     drop(broker);
     Ok(Report {
         wall: display.wall(),
@@ -822,6 +839,7 @@ async fn story(
         load,
         ran,
         write: write_side.report(),
+        trades_by_version,
         quotes: quotes_report,
         story,
         views,

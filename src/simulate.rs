@@ -65,6 +65,10 @@ pub struct Args {
     /// (a client bug the intake must refuse).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=100))]
     misuse_percent: u8,
+    /// The version of their shape fills and busts are written at: 1 (`data.side` and a
+    /// positive `data.qty`) or 2 (a signed `data.qty`, no side; docs/wire-format.md).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(i32).range(1..=2))]
+    fill_version: i32,
     /// Outbox rows the relay publishes per batch.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=100_000))]
     relay_batch: i64,
@@ -256,6 +260,7 @@ pub async fn run(args: Args, database_url: &str) -> anyhow::Result<()> {
     let write_side = WriteSide::new(pool)
         .await
         .context("cannot set up the write side's schema (check --database-url / DATABASE_URL; the database must exist)")?;
+    write_side.set_fill_version(args.fill_version)?;
     let quotes = start_quotes(args.quotes.quotes, simulator, gate_config).await?;
     let write_side = write_side.with_quotes(quotes.gate().clone());
     eprintln!(

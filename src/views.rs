@@ -30,6 +30,17 @@ pub async fn run(database_url: &str, registry: &Registry) -> anyhow::Result<()> 
         } else {
             "per account"
         };
+        // Each type with the version of its shape the view reads, when above 1 (its
+        // upcasters' reach): `fill_executed@2`.
+        let upcasters = projector_engine::Upcasters::new(view.upcasters()).unwrap_or_default();
+        let subscribes: Vec<String> = view
+            .subscribes()
+            .iter()
+            .map(|t| match upcasters.reads(t) {
+                1 => (*t).to_owned(),
+                v => format!("{t}@{v}"),
+            })
+            .collect();
         println!(
             "{:<12} {:>7}  {:<10} {:<22} {:<17} {}",
             view.name(),
@@ -37,7 +48,7 @@ pub async fn run(database_url: &str, registry: &Registry) -> anyhow::Result<()> 
             state,
             view.dedup().as_str(),
             order,
-            view.subscribes().join(",")
+            subscribes.join(",")
         );
     }
     Ok(())

@@ -5,6 +5,10 @@
 //! gives the ceiling the row values each event leaves behind, so that the ceiling measures
 //! writes only.
 //!
+//! Fills and busts are written at version 2 of their shape (a signed `qty`, no `side`), the
+//! version the built-in views read: the engine's figures are not the upcaster's
+//! (docs/wire-format.md).
+//!
 //! Quantities are whole lots and prices have five decimals, so every value of the three
 //! views is an exact integer at scale 10 (`i128`); no floating point anywhere.
 
@@ -80,8 +84,7 @@ impl BenchEvent {
                 fee,
             } => Data::Fill {
                 symbol: SYMBOLS[*symbol].0,
-                side: side(*buy),
-                qty: qty.to_string(),
+                qty: signed(*buy, *qty),
                 price: fixed(i128::from(*price), 5),
                 fee: fixed(i128::from(*fee), 2),
             },
@@ -94,8 +97,7 @@ impl BenchEvent {
             } => Data::Bust {
                 fill_event_id,
                 symbol: SYMBOLS[*symbol].0,
-                side: side(*buy),
-                qty: qty.to_string(),
+                qty: signed(*buy, *qty),
                 price: fixed(i128::from(*price), 5),
             },
             Kind::Cash { amount } => Data::Cash {
@@ -106,6 +108,7 @@ impl BenchEvent {
         let envelope = Envelope {
             event_id: &self.event_id,
             kind: self.kind.name(),
+            type_version: self.is_trade().then_some(2),
             account_id: self.account_id,
             seq: self.seq,
             occurred_at: timestamp(self.at_ms),
@@ -134,6 +137,8 @@ struct Envelope<'a> {
     event_id: &'a str,
     #[serde(rename = "type")]
     kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    type_version: Option<i32>,
     account_id: i64,
     seq: i64,
     occurred_at: String,
@@ -146,7 +151,6 @@ struct Envelope<'a> {
 enum Data<'a> {
     Fill {
         symbol: &'static str,
-        side: &'static str,
         qty: String,
         price: String,
         fee: String,
@@ -154,7 +158,6 @@ enum Data<'a> {
     Bust {
         fill_event_id: &'a str,
         symbol: &'static str,
-        side: &'static str,
         qty: String,
         price: String,
     },
@@ -164,11 +167,12 @@ enum Data<'a> {
     },
 }
 
-fn side(buy: bool) -> &'static str {
+/// A quantity at version 2: positive for a buy, negative for a sell.
+fn signed(buy: bool, qty: i64) -> String {
     if buy {
-        "buy"
+        qty.to_string()
     } else {
-        "sell"
+        (-qty).to_string()
     }
 }
 
@@ -773,7 +777,7 @@ mod tests {
         };
         assert_eq!(
             fill.payload(),
-            r#"{"event_id":"e-7-1","type":"fill_executed","account_id":7,"seq":1,"occurred_at":"2026-11-29T01:02:03.004Z","data":{"symbol":"EURUSD","side":"buy","qty":"300","price":"1.08420","fee":"0.50"}}"#
+            r#"{"event_id":"e-7-1","type":"fill_executed","type_version":2,"account_id":7,"seq":1,"occurred_at":"2026-11-29T01:02:03.004Z","data":{"symbol":"EURUSD","qty":"300","price":"1.08420","fee":"0.50"}}"#
         );
         let bust = BenchEvent {
             event_id: "e-7-2".to_owned(),
@@ -781,7 +785,7 @@ mod tests {
             kind: Kind::Bust {
                 fill_event_id: "e-7-1".to_owned(),
                 symbol: 0,
-                buy: true,
+                buy: false,
                 qty: 300,
                 price: 108_420,
             },
@@ -789,7 +793,7 @@ mod tests {
         };
         assert_eq!(
             bust.payload(),
-            r#"{"event_id":"e-7-2","type":"fill_busted","account_id":7,"seq":2,"occurred_at":"2026-11-29T01:02:03.004Z","data":{"fill_event_id":"e-7-1","symbol":"EURUSD","side":"buy","qty":"300","price":"1.08420"}}"#
+            r#"{"event_id":"e-7-2","type":"fill_busted","type_version":2,"account_id":7,"seq":2,"occurred_at":"2026-11-29T01:02:03.004Z","data":{"fill_event_id":"e-7-1","symbol":"EURUSD","qty":"-300","price":"1.08420"}}"#
         );
         let cash = BenchEvent {
             event_id: "e-7-3".to_owned(),
@@ -801,9 +805,14 @@ mod tests {
             cash.payload(),
             r#"{"event_id":"e-7-3","type":"cash_adjusted","account_id":7,"seq":3,"occurred_at":"2026-11-29T01:02:03.004Z","data":{"amount":"-12.50","reason":"withdrawal"}}"#
         );
-        let message =
-            projector_engine::Message::new(0, Some(b"7".to_vec()), cash.payload().into_bytes());
-        assert!(projector_engine::decode(&message).is_ok());
+        for event in [&fill, &bust, &cash] {
+            let message = projector_engine::Message::new(
+                0,
+                Some(b"7".to_vec()),
+                event.payload().into_bytes(),
+            );
+            assert!(projector_engine::decode(&message).is_ok());
+        }
     }
 
     #[test]

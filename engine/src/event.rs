@@ -31,6 +31,17 @@ pub const FILL_BUSTED: &str = "fill_busted";
 /// Event type of a cash movement.
 pub const CASH_ADJUSTED: &str = "cash_adjusted";
 
+/// The newest version of each built-in event type this build knows the shape of:
+/// `fill_executed` and `fill_busted` have versions 1 (`side` and a positive `qty`) and 2 (a
+/// signed `qty`, no `side`); `cash_adjusted` has version 1. A type not listed here is a
+/// team's own: its shapes are its views' business, and the engine checks only that its data
+/// can be stored.
+pub const BUILT_IN_VERSIONS: [(&str, i32); 3] =
+    [(FILL_EXECUTED, 2), (FILL_BUSTED, 2), (CASH_ADJUSTED, 1)];
+
+/// The largest `type_version` accepted: it is stored as an `int`.
+pub const MAX_TYPE_VERSION: i32 = i32::MAX;
+
 /// The largest payload decoded. Kafka's own default limit is about the same; a larger
 /// message is dead-lettered whole, raw bytes and all.
 pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
@@ -77,6 +88,10 @@ pub struct Event {
     pub event_id: String,
     /// The event type, e.g. `fill_executed`.
     pub event_type: String,
+    /// The version of the type's shape that `data` has: the envelope's `type_version` (1
+    /// when absent) as decoded, and the version a view reads once its upcasters ran
+    /// (`crate::upcast`).
+    pub type_version: i32,
     /// The ordering key.
     pub account_id: i64,
     /// Per-account sequence assigned by the write side: 1, 2, 3, ... with no gaps.
@@ -125,6 +140,9 @@ struct Envelope<'a> {
     event_id: String,
     #[serde(rename = "type")]
     event_type: String,
+    /// Present or not, told apart from `null`: `null` is not an absent version but a wrong one.
+    #[serde(borrow, default, deserialize_with = "present")]
+    type_version: Option<&'a RawValue>,
     account_id: i64,
     seq: i64,
     #[serde(borrow)]
@@ -133,12 +151,62 @@ struct Envelope<'a> {
     data: &'a RawValue,
 }
 
+/// A member that is present, whatever its value (`null` included).
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&'de RawValue>::deserialize(d).map(Some)
+}
+
 /// Decodes the envelope and checks the `data` of the built-in event types: what a producer
-/// checks before publishing, so that no view can refuse the message.
+/// checks before publishing, so that no view can refuse the message. A built-in type at a
+/// version this build does not know the shape of is refused too: the built-in views would
+/// park its account ([`BUILT_IN_VERSIONS`]).
 pub fn decode(message: &Message) -> Result<Event, DecodeError> {
     let event = decode_envelope(message)?;
+    if let Some(&(_, newest)) = BUILT_IN_VERSIONS
+        .iter()
+        .find(|(t, _)| *t == event.event_type)
+    {
+        if event.type_version > newest {
+            return Err(field(
+                "type_version",
+                format!(
+                    "{} has versions 1 to {newest}; version {} is unknown to this build",
+                    event.event_type, event.type_version
+                ),
+            ));
+        }
+    }
     check_data(&event)?;
     Ok(event)
+}
+
+/// The envelope's `type_version`: absent means 1; otherwise a JSON integer from 1 to
+/// [`MAX_TYPE_VERSION`], written without a fraction or an exponent. Anything else (`null`,
+/// `"2"`, `2.0`, `0`) is poison: a producer that means a version must say one.
+fn type_version(raw: Option<&RawValue>) -> Result<i32, DecodeError> {
+    let Some(raw) = raw else {
+        return Ok(1);
+    };
+    let text = raw.get();
+    let shown = || safe_text(text, 32);
+    let integer = text.strip_prefix('-').unwrap_or(text);
+    if integer.is_empty() || !integer.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(field(
+            "type_version",
+            format!(
+                "must be an integer of 1 or more (absent means 1), got {}",
+                shown()
+            ),
+        ));
+    }
+    match text.parse::<i64>() {
+        Ok(v) if v < 1 => Err(field("type_version", format!("must be 1 or more, got {v}"))),
+        Ok(v) if v <= i64::from(MAX_TYPE_VERSION) => Ok(v as i32),
+        _ => Err(field(
+            "type_version",
+            format!("{} is larger than {MAX_TYPE_VERSION}", shown()),
+        )),
+    }
 }
 
 /// Decodes and checks the envelope only: what every view needs, whatever the type.
@@ -155,6 +223,7 @@ pub fn decode_envelope(message: &Message) -> Result<Event, DecodeError> {
 
     check_id("event_id", &env.event_id)?;
     check_label("type", &env.event_type, MAX_TYPE_BYTES)?;
+    let type_version = type_version(env.type_version)?;
     if env.seq < 1 {
         return Err(field("seq", format!("must be 1 or more, got {}", env.seq)));
     }
@@ -199,6 +268,7 @@ pub fn decode_envelope(message: &Message) -> Result<Event, DecodeError> {
     Ok(Event {
         event_id: env.event_id,
         event_type: env.event_type,
+        type_version,
         account_id: env.account_id,
         seq: env.seq,
         occurred_at,
@@ -206,28 +276,35 @@ pub fn decode_envelope(message: &Message) -> Result<Event, DecodeError> {
     })
 }
 
-/// Checks the `data` of an event whose envelope decoded: the fields of the built-in types,
-/// and for every type that the object can be stored as `jsonb` (no NUL character, numbers
-/// within range, nesting within serde_json's limit of 128).
+/// Checks the `data` of an event whose envelope decoded: the fields of the built-in types at
+/// the event's `type_version` (a version this build does not know the shape of is checked as
+/// any other type's data), and for every type that the object can be stored as `jsonb` (no
+/// NUL character, numbers within range, nesting within serde_json's limit of 128).
 pub fn check_data(event: &Event) -> Result<(), DecodeError> {
     let bad = |e: serde_json::Error| DecodeError::Envelope(format!("data: {e}"));
     let data = event.data.as_str();
-    match event.event_type.as_str() {
-        FILL_EXECUTED => {
+    match (event.event_type.as_str(), event.type_version) {
+        (FILL_EXECUTED, 1) => {
             let d: FillData<'_> = serde_json::from_str(data).map_err(bad)?;
             check_trade(&d.symbol, &d.side, d.qty, d.price)?;
-            if let Some(fee) = d.fee {
-                if exact_decimal("data.fee", fee)? < Decimal::ZERO {
-                    return Err(field("data.fee", "must not be negative"));
-                }
-            }
+            check_fee(d.fee)?;
         }
-        FILL_BUSTED => {
+        (FILL_EXECUTED, 2) => {
+            let d: SignedFillData<'_> = serde_json::from_str(data).map_err(bad)?;
+            check_signed_trade(event, &d.symbol, d.side, d.qty, d.price)?;
+            check_fee(d.fee)?;
+        }
+        (FILL_BUSTED, 1) => {
             let d: BustData<'_> = serde_json::from_str(data).map_err(bad)?;
             check_id("data.fill_event_id", &d.fill_event_id)?;
             check_trade(&d.symbol, &d.side, d.qty, d.price)?;
         }
-        CASH_ADJUSTED => {
+        (FILL_BUSTED, 2) => {
+            let d: SignedBustData<'_> = serde_json::from_str(data).map_err(bad)?;
+            check_id("data.fill_event_id", &d.fill_event_id)?;
+            check_signed_trade(event, &d.symbol, d.side, d.qty, d.price)?;
+        }
+        (CASH_ADJUSTED, 1) => {
             let d: CashData<'_> = serde_json::from_str(data).map_err(bad)?;
             exact_decimal("data.amount", d.amount)?;
             check_text("data.reason", &d.reason, MAX_TEXT_BYTES)?;
@@ -545,6 +622,37 @@ struct BustData<'a> {
     price: &'a RawValue,
 }
 
+/// `fill_executed` version 2: the side is the sign of `qty`.
+#[derive(Deserialize)]
+struct SignedFillData<'a> {
+    #[serde(borrow)]
+    symbol: Cow<'a, str>,
+    /// Must be absent; read only to refuse it.
+    #[serde(borrow, default, deserialize_with = "present")]
+    side: Option<&'a RawValue>,
+    #[serde(borrow)]
+    qty: &'a RawValue,
+    #[serde(borrow)]
+    price: &'a RawValue,
+    #[serde(borrow, default)]
+    fee: Option<&'a RawValue>,
+}
+
+/// `fill_busted` version 2: the original fill's signed `qty`.
+#[derive(Deserialize)]
+struct SignedBustData<'a> {
+    #[serde(borrow)]
+    fill_event_id: Cow<'a, str>,
+    #[serde(borrow)]
+    symbol: Cow<'a, str>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    side: Option<&'a RawValue>,
+    #[serde(borrow)]
+    qty: &'a RawValue,
+    #[serde(borrow)]
+    price: &'a RawValue,
+}
+
 #[derive(Deserialize)]
 struct CashData<'a> {
     #[serde(borrow)]
@@ -608,6 +716,49 @@ fn check_trade(
     }
     if exact_decimal("data.qty", qty)? <= Decimal::ZERO {
         return Err(field("data.qty", "must be greater than zero"));
+    }
+    if exact_decimal("data.price", price)? < Decimal::ZERO {
+        return Err(field("data.price", "must not be negative"));
+    }
+    Ok(())
+}
+
+/// A fill's optional fee: a decimal, not negative.
+fn check_fee(fee: Option<&RawValue>) -> Result<(), DecodeError> {
+    if let Some(fee) = fee {
+        if exact_decimal("data.fee", fee)? < Decimal::ZERO {
+            return Err(field("data.fee", "must not be negative"));
+        }
+    }
+    Ok(())
+}
+
+/// A trade of version 2 (`fill_executed`, `fill_busted`): the quantity is signed, positive
+/// for a buy and negative for a sell, and there is no `side`. A `side` is refused rather
+/// than ignored: a producer that bumps the version but still writes version 1's shape would
+/// have its sells read as buys.
+fn check_signed_trade(
+    event: &Event,
+    symbol: &str,
+    side: Option<&RawValue>,
+    qty: &RawValue,
+    price: &RawValue,
+) -> Result<(), DecodeError> {
+    check_label("data.symbol", symbol, MAX_SYMBOL_BYTES)?;
+    if side.is_some() {
+        return Err(field(
+            "data.side",
+            format!(
+                "is not part of {} version 2: the sign of `qty` is the side (positive buys, negative sells)",
+                event.event_type
+            ),
+        ));
+    }
+    if exact_decimal("data.qty", qty)?.is_zero() {
+        return Err(field(
+            "data.qty",
+            "must not be zero: positive buys, negative sells",
+        ));
     }
     if exact_decimal("data.price", price)? < Decimal::ZERO {
         return Err(field("data.price", "must not be negative"));
@@ -834,6 +985,7 @@ mod tests {
         let event = |data: &str| Event {
             event_id: "e".to_owned(),
             event_type: "custom".to_owned(),
+            type_version: 1,
             account_id: 1,
             seq: 1,
             occurred_at: Utc::now(),
@@ -1193,6 +1345,151 @@ mod tests {
         .expect("valid");
         assert_eq!(ev.event_type, "margin_call");
         assert_eq!(ev.data, r#"{"anything":[1,2.5,"x",null,true,{"deep":{}}]}"#);
+    }
+
+    fn versioned(version: &str, event_type: &str, data: &str) -> String {
+        format!(
+            r#"{{"event_id":"a","type":"{event_type}","type_version":{version},"account_id":42,"seq":1,"occurred_at":"2026-11-29T10:15:00Z","data":{data}}}"#
+        )
+    }
+
+    #[test]
+    fn type_version_is_an_integer_of_1_or_more_and_absent_means_1() {
+        let ev = decode_envelope(&msg(&envelope("a", "memo", "{}"))).expect("absent");
+        assert_eq!(ev.type_version, 1);
+        for (text, version) in [("1", 1), ("2", 2), ("17", 17), ("2147483647", i32::MAX)] {
+            let ev = decode_envelope(&msg(&versioned(text, "memo", "{}"))).expect(text);
+            assert_eq!(ev.type_version, version, "{text}");
+        }
+        for (text, needle) in [
+            (
+                "null",
+                "must be an integer of 1 or more (absent means 1), got null",
+            ),
+            (
+                "\"2\"",
+                "must be an integer of 1 or more (absent means 1), got \"2\"",
+            ),
+            ("2.0", "got 2.0"),
+            ("1e1", "got 1e1"),
+            ("true", "got true"),
+            ("[2]", "got [2]"),
+            ("0", "must be 1 or more, got 0"),
+            ("-3", "must be 1 or more, got -3"),
+            ("2147483648", "2147483648 is larger than 2147483647"),
+            ("99999999999999999999", "is larger than"),
+        ] {
+            let err = decode_envelope(&msg(&versioned(text, "memo", "{}")))
+                .expect_err(text)
+                .to_string();
+            assert!(
+                err.starts_with("invalid field `type_version`: ") && err.contains(needle),
+                "{text}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn fill_version_2_has_a_signed_quantity_and_no_side() {
+        let sell = versioned(
+            "2",
+            FILL_EXECUTED,
+            r#"{"symbol":"EURUSD","qty":"-300.50","price":"1.08420","fee":"0.50"}"#,
+        );
+        let ev = decode(&msg(&sell)).expect("a version 2 sell");
+        assert_eq!(
+            (ev.type_version, ev.event_type.as_str()),
+            (2, FILL_EXECUTED)
+        );
+        assert!(decode(&msg(&versioned(
+            "2",
+            FILL_EXECUTED,
+            r#"{"symbol":"X","qty":3,"price":"1"}"#
+        )))
+        .is_ok());
+        let bust = versioned(
+            "2",
+            FILL_BUSTED,
+            r#"{"fill_event_id":"f-1","symbol":"EURUSD","qty":"-300.50","price":"1.08420"}"#,
+        );
+        assert!(
+            decode(&msg(&bust)).is_ok(),
+            "a bust repeats its fill's signed qty"
+        );
+        for (event_type, data, needle) in [
+            (
+                FILL_EXECUTED,
+                r#"{"symbol":"X","side":"sell","qty":"3","price":"1"}"#,
+                "`data.side`: is not part of fill_executed version 2",
+            ),
+            (
+                FILL_BUSTED,
+                r#"{"fill_event_id":"f","symbol":"X","side":"buy","qty":"3","price":"1"}"#,
+                "`data.side`: is not part of fill_busted version 2",
+            ),
+            (
+                FILL_EXECUTED,
+                r#"{"symbol":"X","qty":"0","price":"1"}"#,
+                "must not be zero",
+            ),
+            (
+                FILL_EXECUTED,
+                r#"{"symbol":"X","qty":"-0.00","price":"1"}"#,
+                "must not be zero",
+            ),
+            (
+                FILL_EXECUTED,
+                r#"{"symbol":"X","qty":"1","price":"-1"}"#,
+                "data.price",
+            ),
+            (
+                FILL_EXECUTED,
+                r#"{"symbol":"X","qty":"1","price":"1","fee":"-1"}"#,
+                "data.fee",
+            ),
+            (
+                FILL_EXECUTED,
+                r#"{"symbol":"X","price":"1"}"#,
+                "missing field `qty`",
+            ),
+            (
+                FILL_BUSTED,
+                r#"{"symbol":"X","qty":"1","price":"1"}"#,
+                "fill_event_id",
+            ),
+        ] {
+            let err = decode(&msg(&versioned("2", event_type, data)))
+                .expect_err(data)
+                .to_string();
+            assert!(err.contains(needle), "{data}: {err}");
+        }
+        // Version 1 keeps its shape: a side, and a quantity above zero.
+        let v1 = versioned(
+            "1",
+            FILL_EXECUTED,
+            r#"{"symbol":"X","qty":"-3","price":"1"}"#,
+        );
+        assert!(decode(&msg(&v1)).is_err());
+    }
+
+    #[test]
+    fn a_producer_cannot_publish_a_built_in_type_at_a_version_this_build_does_not_know() {
+        for (event_type, version) in [
+            (FILL_EXECUTED, "3"),
+            (FILL_BUSTED, "3"),
+            (CASH_ADJUSTED, "2"),
+        ] {
+            let payload = versioned(version, event_type, "{}");
+            let err = decode(&msg(&payload)).expect_err(&payload).to_string();
+            assert!(
+                err.contains(&format!("version {version} is unknown to this build")),
+                "{err}"
+            );
+            // The envelope is sound: a view that reads the version decides.
+            assert!(decode_envelope(&msg(&payload)).is_ok());
+        }
+        // A team's own type may be at any version; only its data's storability is checked.
+        assert!(decode(&msg(&versioned("9", "memo", r#"{"x":1}"#))).is_ok());
     }
 
     #[test]

@@ -21,7 +21,8 @@
 //! A change that keeps a version's results (a faster statement, say) declares the
 //! fingerprints it replaces ([`Projection::replaces`]), so upgrading the binary keeps the
 //! version running; a change of results is a new version, built by `projector rebuild`.
-//! Rust code the engine cannot read (`Projection::validate`) is not in the fingerprint: a
+//! Rust code the engine cannot read (`Projection::validate`, the bodies of upcasters; the
+//! version a view reads each type at is in) is not in the fingerprint: a
 //! change there that changes results is a new version by the same rule.
 
 use std::fmt::Write as _;
@@ -35,7 +36,7 @@ use crate::projection::{render, Field, Projection};
 const DIGITS: usize = 16;
 
 /// The fingerprint of a view version's code: a hash of its name, version, subscribed types,
-/// fields, dedup mode, ordering, tables, DDL and every statement (apply, read, notices,
+/// fields, the versions it reads its types at (when above 1), dedup mode, ordering, tables, DDL and every statement (apply, read, notices,
 /// snapshot), rendered for its version, with line ends normalised (a checkout with CRLF line
 /// ends is the same code).
 pub fn of(projection: &dyn Projection) -> String {
@@ -60,6 +61,17 @@ pub fn of(projection: &dyn Projection) -> String {
         })
         .collect();
     field("fields", &fields.join(","));
+    // The versions the view reads its types at, when any is above 1: a view written before
+    // event versions existed keeps the fingerprint it had.
+    let reads: Vec<String> = crate::upcast::Upcasters::new(projection.upcasters())
+        .map(|u| u.versions())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(t, v)| format!("{t}:{v}"))
+        .collect();
+    if !reads.is_empty() {
+        field("reads", &reads.join(","));
+    }
     field("dedup", projection.dedup().as_str());
     field(
         "order_independent",

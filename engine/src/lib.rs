@@ -9,6 +9,8 @@
 //!
 //! - [`event`]: the wire format; decoding a message into an [`Event`] or saying why it is poison.
 //! - [`projection`]: the [`Projection`] trait views implement, and the [`Registry`] of views.
+//! - [`upcast`]: event evolution; the upcasters that bring an event type's older versions to
+//!   the one a view reads.
 //! - [`fingerprint`]: a version runs only with the code that registered it.
 //! - [`sequencer`] (private): per-account `seq` ordering: duplicates, gaps, parked accounts.
 //! - [`apply`]: the hot path; one batch of one partition into one view version, one transaction.
@@ -39,8 +41,12 @@ pub mod schema;
 mod sequencer;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod upcast;
 
 pub use apply::{Applier, ApplyError, Batch, BatchOutcome, Counts, Disposition};
 pub use event::{account_key, decode, decode_envelope, DecodeError, Event, Message};
-pub use projection::{ApplySql, DedupMode, Field, Projection, Registry, SourceOrdering, ViewError};
+pub use projection::{
+    ApplySql, DedupMode, Field, Projection, Registry, SourceOrdering, UnknownVersion, ViewError,
+};
 pub use schema::{migrate, MigrateReport, SchemaError};
+pub use upcast::{Data, Upcaster, Upcasters};

@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::event::Event;
+use crate::upcast::{Upcaster, Upcasters};
 
 /// How a view drops duplicates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,6 +54,33 @@ pub enum SourceOrdering {
     /// No ordering promise. Only order-independent views without a version filter can run;
     /// the inbox alone drops duplicates.
     Unordered,
+}
+
+/// What a view does with an event of a type it reads, at a version newer than the one it
+/// reads (a producer upgraded before the consumers): it cannot read it, and there is no way
+/// down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum UnknownVersion {
+    /// The event waits, with its raw bytes, and its account with it: nothing of the account
+    /// after it is applied (in an order-independent view, only the event waits). The account
+    /// is parked with reason `unknown_version`, and drains as soon as a build of the view that
+    /// reads the version runs (it looks at start).
+    #[default]
+    Park,
+    /// The event is dead-lettered (poison) with its raw bytes; in an order-dependent view its
+    /// account parks at it, as behind any dead letter. `projector dlq retry` applies it once a
+    /// build that reads the version runs.
+    DeadLetter,
+}
+
+impl UnknownVersion {
+    /// Lower-case name for listings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnknownVersion::Park => "park",
+            UnknownVersion::DeadLetter => "dead_letter",
+        }
+    }
 }
 
 /// A field of an event's `data` that a view reads. The engine decodes it once, in Rust, and
@@ -202,9 +230,27 @@ pub trait Projection: Send + Sync + 'static {
     }
 
     /// Extra checks on events of the types this view subscribes to, beyond the wire format.
-    /// An error makes the message poison for this view.
+    /// An error makes the message poison for this view. The event is upcast already: its
+    /// `data` is at the version the view reads ([`Projection::upcasters`]).
     fn validate(&self, _event: &Event) -> Result<(), String> {
         Ok(())
+    }
+
+    /// The upcasters this view reads events through: each turns one type's `data` from
+    /// version `n` into `n + 1` ([`Upcaster`]), and per type they chain from version 1
+    /// without a gap. The view reads each type at the newest version its upcasters reach, and
+    /// at version 1 when it has none (the default: a view written before event versions
+    /// existed sees what it always saw, and an event of a newer version is unknown to it).
+    /// The engine runs them for every event of a type the view subscribes to, on every path,
+    /// before `validate` and the statement. A view that wraps another must pass them on.
+    fn upcasters(&self) -> Vec<Upcaster> {
+        Vec::new()
+    }
+
+    /// What becomes of an event of a subscribed type at a version newer than the one the view
+    /// reads: parked (the default) or dead-lettered ([`UnknownVersion`]).
+    fn unknown_version(&self) -> UnknownVersion {
+        UnknownVersion::Park
     }
 
     /// The same code at another version, so that `projector rebuild` can build the
@@ -290,6 +336,9 @@ pub enum ViewError {
     /// An order-dependent fold over unordered events gives wrong rows.
     #[error("view {0} depends on event order, but the source does not declare per-account ordering; only order-independent views can read an unordered source")]
     OrderNeedsOrdering(String),
+    /// The view's upcasters do not chain ([`crate::upcast::ChainError`]).
+    #[error("view {0}: {1}")]
+    Upcasters(String, crate::upcast::ChainError),
     /// No view of that name.
     #[error("no view named {0:?}; registered views: {1}")]
     Unknown(String, String),
@@ -319,6 +368,8 @@ pub fn check_compatible(
             ));
         }
     }
+    Upcasters::new(projection.upcasters())
+        .map_err(|e| ViewError::Upcasters(projection.consumer(), e))?;
     if projection.many_per_account() && projection.dedup().uses_version_filter() {
         return Err(ViewError::ManyPerAccountWithVersionFilter(
             projection.consumer(),
@@ -380,6 +431,8 @@ impl Registry {
         if projection.subscribes().is_empty() {
             return Err(ViewError::NoSubscriptions(projection.consumer()));
         }
+        Upcasters::new(projection.upcasters())
+            .map_err(|e| ViewError::Upcasters(projection.consumer(), e))?;
         if self
             .views
             .iter()

@@ -157,18 +157,28 @@ pub const DELETE_WAITING: &str = "DELETE FROM projector.waiting_events \
      WHERE consumer = $1 AND (account_id, seq) IN (SELECT * FROM unnest($2::bigint[], $3::bigint[]))";
 
 /// Parks accounts, or updates why they are parked. The reason is decided here, after this
-/// batch's dead letters are written: `dead_letter` when an open dead letter holds the blocking
+/// batch's dead letters are written: `unknown_version` when the event at the blocking `seq`
+/// waits because it is of a version the view does not read yet (its type, version and why
+/// come from the batch: `$5` to `$7`, NULL otherwise), so a build that reads it can find the
+/// account (`DRAINABLE_ACCOUNTS`); `dead_letter` when an open dead letter holds the blocking
 /// `seq` (poison, a failed statement), naming it, so an operator can tell "blocked by a bad
 /// message" from `gap`, "waiting for an event that has not arrived". A conflict at that
 /// `seq` does not hold it: the dead letter it conflicts with does, or nothing yet.
 pub const PARK_ACCOUNTS: &str = "INSERT INTO projector.parked_accounts AS k \
-     (consumer, account_id, reason, blocked_seq, dead_letter_id, detail) \
-     SELECT $1, x.a, CASE WHEN d.id IS NULL THEN 'gap' ELSE 'dead_letter' END, x.b, d.id, \
-            CASE WHEN d.id IS NULL \
+     (consumer, account_id, reason, blocked_seq, dead_letter_id, detail, event_type, type_version) \
+     SELECT $1, x.a, \
+            CASE WHEN x.ht IS NOT NULL THEN 'unknown_version' \
+                 WHEN d.id IS NULL THEN 'gap' ELSE 'dead_letter' END, \
+            x.b, CASE WHEN x.ht IS NULL THEN d.id END, \
+            CASE WHEN x.ht IS NOT NULL \
+                 THEN format('seq %s: %s; %s later event(s) wait', x.b, left(x.hw, 300), x.w - 1) \
+                 WHEN d.id IS NULL \
                  THEN format('waiting for seq %s; %s later event(s) wait', x.b, x.w) \
                  ELSE format('seq %s is dead letter %s (%s: %s); %s later event(s) wait', \
-                             x.b, d.id, d.kind, left(d.error, 300), x.w) END \
-     FROM unnest($2::bigint[], $3::bigint[], $4::bigint[]) AS x(a, b, w) \
+                             x.b, d.id, d.kind, left(d.error, 300), x.w) END, \
+            x.ht, x.hv \
+     FROM unnest($2::bigint[], $3::bigint[], $4::bigint[], $5::text[], $6::int[], $7::text[]) \
+          AS x(a, b, w, ht, hv, hw) \
      LEFT JOIN LATERAL (SELECT id, kind, error FROM projector.dead_letters \
                         WHERE consumer = $1 AND account_id = x.a AND seq = x.b AND resolved_at IS NULL \
                           AND kind <> 'conflict' \
@@ -176,6 +186,7 @@ pub const PARK_ACCOUNTS: &str = "INSERT INTO projector.parked_accounts AS k \
      ON CONFLICT (consumer, account_id) DO UPDATE \
      SET reason = EXCLUDED.reason, blocked_seq = EXCLUDED.blocked_seq, \
          dead_letter_id = EXCLUDED.dead_letter_id, detail = EXCLUDED.detail, \
+         event_type = EXCLUDED.event_type, type_version = EXCLUDED.type_version, \
          parked_at = CASE WHEN k.blocked_seq = EXCLUDED.blocked_seq THEN k.parked_at ELSE now() END";
 
 /// Parks whose blocking `seq` arrived in this batch as poison, for accounts the batch holds
@@ -192,7 +203,8 @@ pub const RELABEL_PARKS: &str = "UPDATE projector.parked_accounts k \
                          WHERE consumer = $1 AND account_id = x.a AND seq = x.s AND resolved_at IS NULL \
                            AND kind <> 'conflict' \
                          ORDER BY id DESC LIMIT 1) d \
-     WHERE k.consumer = $1 AND k.account_id = x.a AND k.blocked_seq = x.s";
+     WHERE k.consumer = $1 AND k.account_id = x.a AND k.blocked_seq = x.s \
+       AND k.reason <> 'unknown_version'";
 
 /// Dead letters whose event an applied event now stands for (the producer republished the
 /// event corrected, with its id, at its account and `seq`): resolved as superseded, so the
@@ -217,11 +229,22 @@ pub const RESOLVE_SUPERSEDED: &str = "UPDATE projector.dead_letters d \
 /// step loads them (`BatchOutcome::more_to_drain`); a drain that a shutdown, a crash or an
 /// error cut short leaves exactly this, and so does a park another writer made stale. At
 /// most `$4`, by account. A probe of the waiting events' key per parked account.
+///
+/// An account parked on an event of a version the view did not read (`unknown_version`) is
+/// drainable once the build looking reads that version: `$5` and `$6` are the types the
+/// view subscribes to and the version it reads each at. A build that still does not read it
+/// passes it by, so it never drains the same accounts in vain. In an order-independent view
+/// such parks are the only ones, and their held events wait at any `seq`.
 pub const DRAINABLE_ACCOUNTS: &str = "SELECT k.account_id FROM projector.parked_accounts k \
-     JOIN projector.account_progress p ON p.consumer = k.consumer AND p.account_id = k.account_id \
-     WHERE k.consumer = $1 AND EXISTS (SELECT 1 FROM projector.waiting_events w \
+     LEFT JOIN projector.account_progress p ON p.consumer = k.consumer AND p.account_id = k.account_id \
+     WHERE k.consumer = $1 \
+       AND (k.reason <> 'unknown_version' \
+            OR k.type_version <= coalesce((SELECT r.v FROM unnest($5::text[], $6::int[]) AS r(t, v) \
+                                           WHERE r.t = k.event_type), 1)) \
+       AND EXISTS (SELECT 1 FROM projector.waiting_events w \
          WHERE w.consumer = $1 AND w.account_id = k.account_id \
-           AND w.seq <= greatest(p.last_seq, coalesce(p.watermark_seq, 0)) + 1 \
+           AND (k.reason = 'unknown_version' \
+                OR w.seq <= greatest(p.last_seq, coalesce(p.watermark_seq, 0)) + 1) \
            AND w.topic = $2 AND w.partition = $3) \
      ORDER BY k.account_id LIMIT $4";
 

@@ -65,20 +65,34 @@ pub(crate) struct Plan {
     /// Stored events whose `seq` another writer applied meanwhile: they leave the waiting
     /// table as duplicates.
     pub stale: Vec<(i64, Item)>,
+    /// False for an order-independent view, whose only waiting events are held ones.
+    pub ordered: bool,
 }
 
 impl Plan {
-    /// The `seq` the account waits for, if it is parked.
+    /// The `seq` the account waits for, if it is parked: the one after `last_seq` in an
+    /// order-dependent view; in an order-independent one, the lowest held event's.
     pub fn blocked_seq(&self) -> Option<i64> {
-        (!self.waiting.is_empty()).then_some(self.last_seq + 1)
+        if self.ordered {
+            (!self.waiting.is_empty()).then_some(self.last_seq + 1)
+        } else {
+            self.waiting.keys().next().copied()
+        }
     }
 }
 
 /// Runs the state machine over `incoming` (`seq` and item, in offset order). `ordered` is
-/// false for an order-independent view.
-pub(crate) fn plan(stored: Stored, incoming: &[(i64, Item)], ordered: bool) -> Plan {
+/// false for an order-independent view. `held` tells the events held back for their version
+/// (newer than the view reads): such an event holds its `seq` but is never emitted, so it
+/// waits, and in an order-dependent view everything after it waits behind it.
+pub(crate) fn plan(
+    stored: Stored,
+    incoming: &[(i64, Item)],
+    ordered: bool,
+    held: &dyn Fn(Item) -> bool,
+) -> Plan {
     if !ordered {
-        return plan_unordered(stored, incoming);
+        return plan_unordered(stored, incoming, held);
     }
     let Stored {
         last_seq,
@@ -99,7 +113,13 @@ pub(crate) fn plan(stored: Stored, incoming: &[(i64, Item)], ordered: bool) -> P
     let mut taken_here: HashMap<i64, Item> = HashMap::new();
     // Whatever waits right after last_seq goes first: a park can be stale when another writer
     // moved the account on (two producers, a partition-count change).
-    drain(&mut waiting, &mut last_seq, &mut emitted, &mut taken_here);
+    drain(
+        &mut waiting,
+        &mut last_seq,
+        &mut emitted,
+        &mut taken_here,
+        held,
+    );
     let mut verdicts = Vec::with_capacity(incoming.len());
 
     for &(seq, item) in incoming {
@@ -109,11 +129,17 @@ pub(crate) fn plan(stored: Stored, incoming: &[(i64, Item)], ordered: bool) -> P
             Verdict::Taken(taken_here.get(&seq).copied())
         } else if let Some(&holder) = waiting.get(&seq) {
             Verdict::Taken(Some(holder))
-        } else if seq == last_seq + 1 {
+        } else if seq == last_seq + 1 && !held(item) {
             emitted.push((seq, item));
             taken_here.insert(seq, item);
             last_seq = seq;
-            drain(&mut waiting, &mut last_seq, &mut emitted, &mut taken_here);
+            drain(
+                &mut waiting,
+                &mut last_seq,
+                &mut emitted,
+                &mut taken_here,
+                held,
+            );
             Verdict::Emit
         } else {
             waiting.insert(seq, item);
@@ -127,16 +153,23 @@ pub(crate) fn plan(stored: Stored, incoming: &[(i64, Item)], ordered: bool) -> P
         waiting,
         last_seq,
         stale,
+        ordered: true,
     }
 }
 
+/// Emits what waits right after `last_seq`, in order, up to the first held event.
 fn drain(
     waiting: &mut BTreeMap<i64, Item>,
     last_seq: &mut i64,
     emitted: &mut Vec<(i64, Item)>,
     taken_here: &mut HashMap<i64, Item>,
+    held: &dyn Fn(Item) -> bool,
 ) {
-    while let Some(next) = waiting.remove(&(*last_seq + 1)) {
+    while let Some(&next) = waiting.get(&(*last_seq + 1)) {
+        if held(next) {
+            break;
+        }
+        waiting.remove(&(*last_seq + 1));
         *last_seq += 1;
         emitted.push((*last_seq, next));
         taken_here.insert(*last_seq, next);
@@ -144,31 +177,47 @@ fn drain(
 }
 
 /// Order-independent views: everything above the watermark is applied now, events that
-/// waited under an older engine included; `last_seq` is not tracked.
-fn plan_unordered(stored: Stored, incoming: &[(i64, Item)]) -> Plan {
+/// waited (held for their version, or under an older engine) included, but for held events:
+/// they wait, alone, each at its `seq` (a second event at a held `seq` is judged by its id);
+/// `last_seq` is not tracked.
+fn plan_unordered(stored: Stored, incoming: &[(i64, Item)], held: &dyn Fn(Item) -> bool) -> Plan {
     let Stored {
         last_seq,
         watermark,
-        waiting,
+        waiting: stored,
     } = stored;
-    let mut emitted: Vec<(i64, Item)> = waiting.into_iter().collect();
+    let mut waiting = BTreeMap::new();
+    let mut emitted = Vec::new();
+    for (seq, item) in stored {
+        if held(item) {
+            waiting.insert(seq, item);
+        } else {
+            emitted.push((seq, item));
+        }
+    }
     let verdicts = incoming
         .iter()
         .map(|&(seq, item)| {
             if watermark.is_some_and(|w| seq <= w) {
                 Verdict::Watermark
-            } else {
+            } else if !held(item) {
                 emitted.push((seq, item));
                 Verdict::Emit
+            } else if let Some(&holder) = waiting.get(&seq) {
+                Verdict::Taken(Some(holder))
+            } else {
+                waiting.insert(seq, item);
+                Verdict::Wait
             }
         })
         .collect();
     Plan {
         emitted,
         verdicts,
-        waiting: BTreeMap::new(),
+        waiting,
         last_seq,
         stale: Vec::new(),
+        ordered: false,
     }
 }
 
@@ -183,13 +232,17 @@ mod tests {
             .collect()
     }
 
+    fn none(_: Item) -> bool {
+        false
+    }
+
     fn seqs(plan: &Plan) -> Vec<i64> {
         plan.emitted.iter().map(|(s, _)| *s).collect()
     }
 
     #[test]
     fn in_order_events_are_emitted() {
-        let p = plan(Stored::default(), &incoming(&[1, 2, 3]), true);
+        let p = plan(Stored::default(), &incoming(&[1, 2, 3]), true, &none);
         assert_eq!(seqs(&p), [1, 2, 3]);
         assert_eq!(p.last_seq, 3);
         assert_eq!(p.blocked_seq(), None);
@@ -201,7 +254,7 @@ mod tests {
             last_seq: 2,
             ..Stored::default()
         };
-        let p = plan(stored, &incoming(&[1, 2, 3, 3]), true);
+        let p = plan(stored, &incoming(&[1, 2, 3, 3]), true, &none);
         assert_eq!(seqs(&p), [3]);
         assert_eq!(
             p.verdicts,
@@ -216,7 +269,7 @@ mod tests {
 
     #[test]
     fn a_gap_parks_and_the_missing_event_drains_in_order() {
-        let p = plan(Stored::default(), &incoming(&[1, 3, 4, 4]), true);
+        let p = plan(Stored::default(), &incoming(&[1, 3, 4, 4]), true, &none);
         assert_eq!(seqs(&p), [1]);
         assert_eq!(p.blocked_seq(), Some(2));
         assert_eq!(p.waiting.keys().copied().collect::<Vec<_>>(), [3, 4]);
@@ -227,7 +280,7 @@ mod tests {
             waiting: [(3, Item::Stored(0)), (4, Item::Stored(1))].into(),
             ..Stored::default()
         };
-        let p = plan(stored, &incoming(&[5, 2]), true);
+        let p = plan(stored, &incoming(&[5, 2]), true, &none);
         assert_eq!(seqs(&p), [2, 3, 4, 5]);
         assert_eq!(p.verdicts, [Verdict::Wait, Verdict::Emit]);
         assert_eq!(p.blocked_seq(), None);
@@ -242,7 +295,7 @@ mod tests {
             waiting: [(6, Item::Stored(0)), (7, Item::Stored(1))].into(),
             ..Stored::default()
         };
-        let p = plan(stored, &incoming(&[9]), true);
+        let p = plan(stored, &incoming(&[9]), true, &none);
         assert_eq!(seqs(&p), [7]);
         assert_eq!(p.stale, [(6, Item::Stored(0))]);
         assert_eq!(p.blocked_seq(), Some(8));
@@ -256,7 +309,7 @@ mod tests {
             watermark: Some(7),
             ..Stored::default()
         };
-        let p = plan(stored, &incoming(&[7, 8]), true);
+        let p = plan(stored, &incoming(&[7, 8]), true, &none);
         assert_eq!(seqs(&p), [8]);
         assert_eq!(p.blocked_seq(), None);
     }
@@ -268,7 +321,7 @@ mod tests {
             watermark: Some(10),
             ..Stored::default()
         };
-        let p = plan(stored, &incoming(&[9, 10, 11]), true);
+        let p = plan(stored, &incoming(&[9, 10, 11]), true, &none);
         assert_eq!(seqs(&p), [11]);
         assert_eq!(
             p.verdicts,
@@ -283,7 +336,7 @@ mod tests {
             watermark: Some(2),
             waiting: [(9, Item::Stored(0))].into(),
         };
-        let p = plan(stored, &incoming(&[2, 5, 3, 5]), false);
+        let p = plan(stored, &incoming(&[2, 5, 3, 5]), false, &none);
         assert_eq!(seqs(&p), [9, 5, 3, 5]);
         assert_eq!(
             p.verdicts,
@@ -295,5 +348,61 @@ mod tests {
             ]
         );
         assert_eq!(p.blocked_seq(), None);
+    }
+
+    #[test]
+    fn a_held_event_holds_its_seq_and_everything_after_it_waits() {
+        // Batch items 1 and 3 (seqs 2 and 4) are of a version the view cannot read yet.
+        let held = |item: Item| matches!(item, Item::Batch(1) | Item::Batch(3));
+        let p = plan(Stored::default(), &incoming(&[1, 2, 3, 4]), true, &held);
+        assert_eq!(seqs(&p), [1]);
+        assert_eq!(p.blocked_seq(), Some(2), "parked at the held event");
+        assert_eq!(p.waiting.keys().copied().collect::<Vec<_>>(), [2, 3, 4]);
+        assert_eq!(
+            p.verdicts,
+            [Verdict::Emit, Verdict::Wait, Verdict::Wait, Verdict::Wait]
+        );
+
+        // Stored, it is read again by the next batch: still held, the drain stops at it.
+        let stored = Stored {
+            last_seq: 1,
+            waiting: [(2, Item::Stored(0)), (3, Item::Stored(1))].into(),
+            ..Stored::default()
+        };
+        let still = |item: Item| item == Item::Stored(0);
+        let p = plan(stored.clone(), &incoming(&[2, 5]), true, &still);
+        assert!(seqs(&p).is_empty());
+        assert_eq!(
+            p.verdicts,
+            [Verdict::Taken(Some(Item::Stored(0))), Verdict::Wait]
+        );
+        assert_eq!(p.blocked_seq(), Some(2));
+
+        // A build that reads its version drains it and what waited behind it.
+        let p = plan(stored, &incoming(&[4]), true, &none);
+        assert_eq!(seqs(&p), [2, 3, 4]);
+        assert_eq!(p.blocked_seq(), None);
+    }
+
+    #[test]
+    fn an_order_independent_view_holds_back_only_the_held_event() {
+        let held = |item: Item| matches!(item, Item::Batch(1) | Item::Batch(3) | Item::Stored(0));
+        let stored = Stored {
+            waiting: [(7, Item::Stored(0)), (8, Item::Stored(1))].into(),
+            ..Stored::default()
+        };
+        let p = plan(stored, &incoming(&[1, 2, 3, 2]), false, &held);
+        assert_eq!(seqs(&p), [8, 1, 3]);
+        assert_eq!(
+            p.verdicts,
+            [
+                Verdict::Emit,
+                Verdict::Wait,
+                Verdict::Emit,
+                Verdict::Taken(Some(Item::Batch(1)))
+            ]
+        );
+        assert_eq!(p.waiting.keys().copied().collect::<Vec<_>>(), [2, 7]);
+        assert_eq!(p.blocked_seq(), Some(2), "its lowest held event");
     }
 }

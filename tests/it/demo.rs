@@ -66,6 +66,7 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
         "killed with SIGKILL",
         "rebuild: snapshot taken",
         "portfolio v2 is live (cut over); v1 is retired",
+        "the write side upgraded its producers: fills and busts are now version 2",
         "stopped with SIGTERM",
     ] {
         assert!(all.contains(step), "no {step:?} in:\n{all}");
@@ -105,6 +106,12 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
     assert!(
         events > 2 * (stale + source + suspect),
         "most orders are accepted:\n{all}"
+    );
+    // The producers were upgraded halfway: both versions of fills are on the topic, and
+    // every view reconciled (below) read both.
+    assert!(
+        write("at version 1 ") > 0 && write("at version 2 ") > 0,
+        "fills of both versions:\n{all}"
     );
     // A retry gets the first answer, a refusal on the quote included: never a second one.
     assert_eq!(write("deduplicated "), write("retried "), "{all}");

@@ -300,6 +300,54 @@ async fn the_dev_broker_serves_any_client_until_sigterm() {
     assert!(status.success(), "dev-broker exits 0 on SIGTERM: {status}");
 }
 
+/// `projector publish` takes fills at version 1 and 2 in one file, and refuses a version this
+/// build does not know with the line's number, before anything after it is sent.
+#[tokio::test]
+async fn the_cli_publishes_both_fill_versions_and_refuses_an_unknown_one() {
+    let broker = Broker::start(&[("versions", 2)]);
+    let topic = broker.topic("versions");
+    let path: PathBuf = std::env::temp_dir().join(format!(
+        "projector-publish-versions-{}.jsonl",
+        std::process::id()
+    ));
+    let v2 = |id: &str, seq: i64, qty: &str, version: i32| {
+        format!(
+            r#"{{"event_id":"{id}","type":"fill_executed","type_version":{version},"account_id":1,"seq":{seq},"occurred_at":"2026-11-29T10:15:00Z","data":{{"symbol":"EURUSD","qty":"{qty}","price":"1.08420"}}}}"#
+        )
+    };
+    let file = [
+        event("v1", 1, 1),
+        v2("v2-sell", 2, "-300", 2),
+        event("v1-again", 1, 3),
+        v2("v3", 4, "1", 3),
+        v2("after", 5, "1", 2),
+    ]
+    .join("\n");
+    std::fs::write(&path, file).expect("write the input file");
+    let mut cli = projector();
+    cli.args(["publish", "--topic", &topic])
+        .arg(&path)
+        .env("KAFKA_BROKERS", broker.bootstrap_servers());
+    let out = run_within(cli, b"", PROCESS);
+    let _ = std::fs::remove_file(&path);
+
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("line 4 refused")
+            && stderr
+                .contains("fill_executed has versions 1 to 2; version 3 is unknown to this build"),
+        "{stderr}"
+    );
+    let ids: Vec<String> = broker
+        .read_topic(&topic, READ)
+        .expect("read")
+        .iter()
+        .map(event_id)
+        .collect();
+    assert_eq!(ids, ["v1", "v2-sell", "v1-again"]);
+}
+
 #[tokio::test]
 async fn the_cli_refuses_a_bad_line_with_one_line_naming_it() {
     let broker = Broker::start(&[("events", 2)]);

@@ -17,6 +17,7 @@ mod engine_parking;
 mod engine_poison;
 mod engine_pool;
 mod engine_schedules;
+mod event_versions;
 mod examples_custom_views;
 mod inbox_layout;
 mod inbox_move;

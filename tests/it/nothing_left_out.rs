@@ -536,6 +536,9 @@ impl Projection for PanicsOn {
     fn read_sql(&self) -> String {
         self.inner.read_sql()
     }
+    fn upcasters(&self) -> Vec<projector_engine::Upcaster> {
+        self.inner.upcasters()
+    }
     fn validate(&self, event: &projector_engine::Event) -> Result<(), String> {
         assert!(
             !(event.account_id == self.account && event.seq == self.seq),

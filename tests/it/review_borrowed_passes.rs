@@ -470,7 +470,6 @@ fn case_logs(rng: &mut Lcg, case: i64) -> [Partition; 2] {
     logs
 }
 
-/// Every row the engine keeps, without times, identities and the committing process.
 /// The trace without the `outside_window` counter of `Counts`.
 fn strip_outside_window(trace: &str) -> String {
     let mut out = String::with_capacity(trace.len());
@@ -484,11 +483,14 @@ fn strip_outside_window(trace: &str) -> String {
     out
 }
 
+/// Every row the engine keeps, without times, identities and the committing process.
 async fn dump(client: &deadpool_postgres::Client, out: &mut String) {
     // Which processes ran and the code fingerprints say nothing about what the engine
     // recorded for the feeds, and came after the digest: left out of it. So did the inbox's
     // layout by days (V0009): its days repeat the rows of `projector.inbox`, and the late
-    // writes and the inbox before V0009 record nothing of the feeds.
+    // writes and the inbox before V0009 record nothing of the feeds. So do the type and
+    // version a park holds for an event of a version its view does not read (always NULL
+    // here: these feeds are all version 1).
     let tables = client
         .query(
             "SELECT table_schema, table_name FROM information_schema.tables \
@@ -508,7 +510,8 @@ async fn dump(client: &deadpool_postgres::Client, out: &mut String) {
                 "SELECT column_name::text FROM information_schema.columns \
                  WHERE table_schema = $1 AND table_name = $2 \
                    AND (data_type LIKE 'timestamp%' OR is_identity = 'YES' \
-                        OR column_name IN ('committed_by', 'owner', 'fingerprint', 'outside_window'))",
+                        OR column_name IN ('committed_by', 'owner', 'fingerprint', \
+                                           'outside_window', 'event_type', 'type_version'))",
                 &[&schema, &table],
             )
             .await

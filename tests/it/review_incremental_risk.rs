@@ -221,14 +221,16 @@ async fn review_risk_rows_of_the_previous_code_continue_to_the_book() {
     let (db, view) = risk_db(1).await;
     let mut client = db.client().await;
     // risk as the previous code wrote it: same name, version, tables and read SQL, one event
-    // per account per statement.
+    // per account per statement; fills read at version 1, with their side.
     let old: Arc<dyn Projection> = Arc::new(
-        Variant::of(Risk::new(1))
-            .apply_sql(ApplySql {
-                ctes: OLD_CTES.to_owned(),
-                write: OLD_WRITE.to_owned(),
-            })
-            .many_per_account(false),
+        Variant::of(projector_views::previous::BeforeEventVersions::new(
+            Risk::new(1),
+        ))
+        .apply_sql(ApplySql {
+            ctes: OLD_CTES.to_owned(),
+            write: OLD_WRITE.to_owned(),
+        })
+        .many_per_account(false),
     );
     let cut = events.len() / 2;
     let log = Partition::from_events("trades", 0, &events[..cut]);
@@ -551,7 +553,7 @@ async fn review_risk_generic_plan_reads_no_whole_table() {
             let plan: Vec<String> = client
                 .query(
                     "EXPLAIN (COSTS OFF) EXECUTE p('risk_v1', ARRAY['x'], ARRAY[5::bigint], ARRAY[2::bigint], \
-                     ARRAY['fill_executed'], ARRAY[now()], ARRAY[false], ARRAY['S1'], ARRAY['buy'], \
+                     ARRAY['fill_executed'], ARRAY[now()], ARRAY[false], ARRAY['S1'], \
                      ARRAY[1::numeric], ARRAY[2::numeric])",
                     &[],
                 )
@@ -727,13 +729,12 @@ async fn review_risk_a_run_with_an_event_that_fails_alone_fails_whole() {
         let times = vec![at; n];
         let emit = vec![false; n];
         let symbols = vec![Some("EURUSD"); n];
-        let sides = vec![Some("buy"); n];
         let err = client
             .query_one(
                 &statement,
                 &[
-                    &consumer, &ids, &accounts, &seqs, &types, &times, &emit, &symbols, &sides,
-                    &qtys, &prices,
+                    &consumer, &ids, &accounts, &seqs, &types, &times, &emit, &symbols, &qtys,
+                    &prices,
                 ],
             )
             .await
@@ -758,7 +759,6 @@ async fn review_risk_a_run_with_an_event_that_fails_alone_fails_whole() {
                 &vec![at; 2],
                 &vec![false; 2],
                 &vec![Some("EURUSD"); 2],
-                &vec![Some("buy"); 2],
                 &qtys,
                 &prices,
             ],

@@ -55,7 +55,8 @@ impl Projection for OldPortfolio {
         self.0.dedup()
     }
     fn fields(&self) -> Vec<Field> {
-        self.0.fields()
+        // That code read fills at version 1, with their side.
+        projector_views::previous::BeforeEventVersions::new(self.0).fields()
     }
     fn ddl(&self) -> String {
         old("ddl")

@@ -14,6 +14,10 @@
 //!   Order-dependent; two tables, so inbox only.
 //! - [`eod`]: per account and UTC trading day, trade and cash sums. Order-independent;
 //!   inbox.
+//! - [`upcast`]: the built-in upcasters, `fill_executed` and `fill_busted` from version 1 to
+//!   2, which every built-in view reads through.
+//! - [`previous`]: the views as earlier releases wrote them, where this code keeps their
+//!   results (their fingerprints are what the views replace).
 //! - [`registry`]: version 1 of each, one line per view.
 //! - [`guide`]: `docs/writing-a-view.md`, compiled here so that its example is a test.
 //! - `sql` (private): reading a view's `.sql` file.
@@ -23,14 +27,17 @@
 
 pub mod eod;
 pub mod portfolio;
+pub mod previous;
 pub mod risk;
 mod sql;
+pub mod upcast;
 
 use projector_engine::{Registry, ViewError};
 
 pub use eod::Eod;
 pub use portfolio::Portfolio;
 pub use risk::Risk;
+pub use upcast::upcasters;
 
 /// The views compiled into this binary, at the versions they run live. A new view is one
 /// more `register` line.
@@ -56,5 +63,35 @@ mod tests {
         let registry = registry().expect("the built-in views register");
         let consumers: Vec<String> = registry.all().iter().map(|v| v.consumer()).collect();
         assert_eq!(consumers, ["portfolio_v1", "risk_v1", "eod_v1"]);
+    }
+
+    /// The fingerprints the code before event versions recorded for version 1 of each view
+    /// (read off that code): upgrading a database whose versions it registered keeps them
+    /// running, because each view declares its predecessor's.
+    #[test]
+    fn each_view_replaces_the_code_before_event_versions() {
+        use projector_engine::fingerprint::of;
+        use projector_engine::Projection;
+        let recorded = [
+            ("portfolio", 1, "f39e3925d944b281"),
+            ("risk", 1, "196bfdb27d85fc69"),
+            ("eod", 1, "c85df8f559e345a3"),
+            ("portfolio", 2, "a03a17a3a03525dc"),
+            ("risk", 2, "4faeb35706f4432c"),
+            ("eod", 2, "8ce7c232a4b1c04f"),
+        ];
+        for (name, version, fingerprint) in recorded {
+            let view: Box<dyn Projection> = match name {
+                "portfolio" => Box::new(Portfolio::new(version)),
+                "risk" => Box::new(Risk::new(version)),
+                _ => Box::new(Eod::new(version)),
+            };
+            assert_eq!(view.replaces(), [fingerprint], "{name} v{version}");
+            assert_ne!(
+                of(&*view),
+                fingerprint,
+                "{name} v{version}: the code did change"
+            );
+        }
     }
 }

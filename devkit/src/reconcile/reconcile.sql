@@ -86,9 +86,11 @@ leg AS (
     SELECT account_id,
            (occurred_at AT TIME ZONE 'UTC')::date AS trading_day,
            type,
-           d->>'side' AS side,
+           -- Version 1 says `side` with a positive qty, version 2 signs qty instead.
+           coalesce(d->>'side', CASE WHEN (d->>'qty')::numeric > 0 THEN 'buy'
+                                     WHEN (d->>'qty')::numeric < 0 THEN 'sell' END) AS side,
            CASE type WHEN 'fill_busted' THEN -1 ELSE 1 END AS direction,
-           (d->>'qty')::numeric AS qty,
+           abs((d->>'qty')::numeric) AS qty,
            (d->>'price')::numeric AS price,
            CASE type WHEN 'fill_executed' THEN coalesce((d->>'fee')::numeric, 0) END AS fee,
            CASE type WHEN 'cash_adjusted' THEN (d->>'amount')::numeric END AS amount

@@ -34,6 +34,7 @@
 //! request (its hash), and the reply says what it filled at. Busts and cash movements do not
 //! depend on a price and are not checked.
 
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use deadpool_postgres::{Pool, Transaction};
@@ -82,6 +83,8 @@ pub struct Intake {
     pub(crate) written: Arc<Notify>,
     /// Checked before every order when set.
     pub(crate) quotes: Option<QuoteGate>,
+    /// The version fills and busts are written at (`WriteSide::set_fill_version`).
+    pub(crate) fill_version: Arc<AtomicI32>,
 }
 
 /// How `handle` answered, before it is counted.
@@ -237,7 +240,8 @@ impl Intake {
         }
         // A refusal or a failure returns here and drops `tx`, which rolls back the key claim
         // with everything else: the same request can come again.
-        let reply = ledger::write(&tx, &self.instance, account_id, command).await?;
+        let version = self.fill_version.load(Ordering::Relaxed);
+        let reply = ledger::write(&tx, &self.instance, version, account_id, command).await?;
         store_reply(&tx, &store, account_id, key, &reply).await?;
         tx.commit()
             .await
@@ -282,6 +286,7 @@ impl Intake {
         let reply = ledger::write_locked(
             &tx,
             &self.instance,
+            self.fill_version.load(Ordering::Relaxed),
             account_id,
             locked,
             &command,

@@ -8,8 +8,10 @@
 //!    gaps. This is where a write waits, for as long as the account's other transactions
 //!    take; what comes after waits on no lock, so a caller that must decide something as late
 //!    as possible (the quote gate's price) decides it between the two (`write_locked`);
-//! 2. the event is built as its exact wire JSON and checked with the engine's own decoder, so
-//!    the write side never stores what a view would dead-letter;
+//! 2. the event is built as its exact wire JSON, fills and busts at the write side's current
+//!    version of their shape (`WriteSide::set_fill_version`: 1, with `side` and a positive
+//!    `qty`, or 2, the signed `qty` alone; docs/wire-format.md), and checked with the
+//!    engine's own decoder, so the write side never stores what a view would dead-letter;
 //! 3. a fill or a bust moves `positions` by the portfolio rules (`book_trade` in
 //!    `writeside.sql`), a bust claims its fill in `writeside.busts` (once only);
 //! 4. the event is stored with its unique `event_id`, and an outbox row is added.
@@ -197,17 +199,22 @@ struct Envelope<'a, D: Serialize> {
     event_id: &'a str,
     #[serde(rename = "type")]
     event_type: &'a str,
+    /// Left out at version 1: a version 1 event is the bytes it always was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    type_version: Option<i32>,
     account_id: i64,
     seq: i64,
     occurred_at: &'a str,
     data: D,
 }
 
-/// `fill_executed`'s data; decimals as strings, with the scale they were given.
+/// `fill_executed`'s data; decimals as strings, with the scale they were given. Version 1
+/// has the side and a positive quantity, version 2 no side and the quantity signed.
 #[derive(Serialize)]
 struct FillData<'a> {
     symbol: &'a str,
-    side: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    side: Option<&'static str>,
     qty: String,
     price: String,
     fee: String,
@@ -222,13 +229,36 @@ struct BustData {
 }
 
 /// What a bust copies from its fill: the text the fill was written with, so that the bust's
-/// decimals are the fill's to the digit.
-#[derive(Serialize, Deserialize)]
+/// decimals are the fill's to the digit. At either version: `side` and a positive `qty`
+/// (1), or no side and a signed `qty` (2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Traded {
     symbol: String,
-    side: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    side: Option<String>,
     qty: String,
     price: String,
+}
+
+impl Traded {
+    /// The same trade at `version` of the shape, whatever version the fill was written at:
+    /// a bust is written at the producer's current version, and repeats its fill's trade. The
+    /// quantity's text is kept but for its sign, so its digits are the fill's.
+    fn at_version(self, version: i32) -> Result<Self, String> {
+        let (sell, digits) = match (self.side.as_deref(), self.qty.strip_prefix('-')) {
+            (Some("buy"), None) => (false, self.qty.clone()),
+            (Some("sell"), None) => (true, self.qty.clone()),
+            (None, Some(digits)) => (true, digits.to_owned()),
+            (None, None) => (false, self.qty.clone()),
+            (side, _) => return Err(format!("side {side:?} with quantity {:?}", self.qty)),
+        };
+        let (side, qty) = if version >= 2 {
+            (None, if sell { format!("-{digits}") } else { digits })
+        } else {
+            (Some(if sell { "sell" } else { "buy" }.to_owned()), digits)
+        };
+        Ok(Self { side, qty, ..self })
+    }
 }
 
 /// `cash_adjusted`'s data.
@@ -257,6 +287,7 @@ pub fn event_id(event_type: &str, instance: &str, account_id: i64, seq: i64) -> 
 fn envelope<D: Serialize>(
     event_id: &str,
     event_type: &str,
+    version: i32,
     account_id: i64,
     seq: i64,
     occurred_at: &str,
@@ -265,6 +296,7 @@ fn envelope<D: Serialize>(
     let payload = serde_json::to_string(&Envelope {
         event_id,
         event_type,
+        type_version: (version > 1).then_some(version),
         account_id,
         seq,
         occurred_at,
@@ -305,17 +337,28 @@ pub(crate) async fn lock(tx: &Transaction<'_>, account_id: i64) -> Result<Locked
     })
 }
 
-/// Writes `command` for `account_id` in `tx` and returns the reply. Nothing is visible until
-/// the caller commits; an error leaves `tx` to be rolled back.
+/// Writes `command` for `account_id` in `tx` and returns the reply, a fill or a bust at
+/// version `fill_version` of its shape. Nothing is visible until the caller commits; an error
+/// leaves `tx` to be rolled back.
 pub(crate) async fn write(
     tx: &Transaction<'_>,
     instance: &str,
+    fill_version: i32,
     account_id: i64,
     command: &Command,
 ) -> Result<Reply, WriteSideError> {
     command.validate()?;
     let locked = lock(tx, account_id).await?;
-    write_locked(tx, instance, account_id, locked, command, None).await
+    write_locked(
+        tx,
+        instance,
+        fill_version,
+        account_id,
+        locked,
+        command,
+        None,
+    )
+    .await
 }
 
 /// Writes `command` under the lock [`lock`] took; an order fills at `fill_price`, or at its
@@ -323,6 +366,7 @@ pub(crate) async fn write(
 pub(crate) async fn write_locked(
     tx: &Transaction<'_>,
     instance: &str,
+    fill_version: i32,
     account_id: i64,
     locked: Locked,
     command: &Command,
@@ -342,14 +386,27 @@ pub(crate) async fn write_locked(
             let f = fee(o.qty, price);
             fee_charged = Some(f);
             filled_at = Some(price);
+            let (side, qty) = match (fill_version >= 2, o.side) {
+                (false, side) => (Some(side.as_str()), o.qty),
+                (true, Side::Buy) => (None, o.qty),
+                (true, Side::Sell) => (None, -o.qty),
+            };
             let data = FillData {
                 symbol: &o.symbol,
-                side: o.side.as_str(),
-                qty: o.qty.to_string(),
+                side,
+                qty: qty.to_string(),
                 price: price.to_string(),
                 fee: f.to_string(),
             };
-            envelope(&event_id, event_type, account_id, seq, &occurred_at, data)?
+            envelope(
+                &event_id,
+                event_type,
+                fill_version,
+                account_id,
+                seq,
+                &occurred_at,
+                data,
+            )?
         }
         Command::Bust { fill_event_id } => {
             let refused = |reason| WriteSideError::BustRefused {
@@ -367,9 +424,14 @@ pub(crate) async fn write_locked(
                 .map_err(db("looking up the fill to bust"))?
                 .ok_or_else(|| refused("no such fill of this account"))?;
             let data: serde_json::Value = original.get(0);
-            let original: Traded = serde_json::from_value(data).map_err(|e| {
-                WriteSideError::Corrupt(format!("fill {fill_event_id:?} does not read back: {e}"))
-            })?;
+            let original: Traded = serde_json::from_value(data)
+                .map_err(|e| e.to_string())
+                .and_then(|t: Traded| t.at_version(fill_version))
+                .map_err(|e| {
+                    WriteSideError::Corrupt(format!(
+                        "fill {fill_event_id:?} does not read back: {e}"
+                    ))
+                })?;
             let claim = tx
                 .prepare_cached(&sql::CLAIM_BUST)
                 .await
@@ -382,14 +444,30 @@ pub(crate) async fn write_locked(
                 fill_event_id: fill_event_id.clone(),
                 original,
             };
-            envelope(&event_id, event_type, account_id, seq, &occurred_at, data)?
+            envelope(
+                &event_id,
+                event_type,
+                fill_version,
+                account_id,
+                seq,
+                &occurred_at,
+                data,
+            )?
         }
         Command::Cash { amount, reason } => {
             let data = CashData {
                 amount: amount.to_string(),
                 reason,
             };
-            envelope(&event_id, event_type, account_id, seq, &occurred_at, data)?
+            envelope(
+                &event_id,
+                event_type,
+                1,
+                account_id,
+                seq,
+                &occurred_at,
+                data,
+            )?
         }
     };
 
@@ -470,12 +548,13 @@ mod tests {
         let payload = envelope(
             "fill-ab12cd34-7-1",
             FILL_EXECUTED,
+            1,
             7,
             1,
             "2026-11-29T10:15:00.123Z",
             FillData {
                 symbol: "EURUSD",
-                side: "buy",
+                side: Some("buy"),
                 qty: "300".to_owned(),
                 price: "1.08420".to_owned(),
                 fee: "0.07".to_owned(),
@@ -489,12 +568,13 @@ mod tests {
         let poison = envelope(
             "fill-x-7-1",
             FILL_EXECUTED,
+            1,
             7,
             1,
             "2026-11-29T10:15:00.123Z",
             FillData {
                 symbol: "EURUSD",
-                side: "buy",
+                side: Some("buy"),
                 qty: "-1".to_owned(),
                 price: "1".to_owned(),
                 fee: "0".to_owned(),
@@ -504,6 +584,50 @@ mod tests {
             matches!(poison, Err(WriteSideError::InvalidRequest(ref m)) if m.contains("data.qty")),
             "{poison:?}"
         );
+    }
+
+    #[test]
+    fn a_version_2_fill_signs_its_quantity_and_drops_the_side() {
+        let payload = envelope(
+            "fill-ab12cd34-7-2",
+            FILL_EXECUTED,
+            2,
+            7,
+            2,
+            "2026-11-29T10:15:00.123Z",
+            FillData {
+                symbol: "EURUSD",
+                side: None,
+                qty: "-300.50".to_owned(),
+                price: "1.08420".to_owned(),
+                fee: "0.07".to_owned(),
+            },
+        )
+        .expect("valid");
+        assert_eq!(
+            payload,
+            r#"{"event_id":"fill-ab12cd34-7-2","type":"fill_executed","type_version":2,"account_id":7,"seq":2,"occurred_at":"2026-11-29T10:15:00.123Z","data":{"symbol":"EURUSD","qty":"-300.50","price":"1.08420","fee":"0.07"}}"#
+        );
+    }
+
+    #[test]
+    fn a_bust_repeats_its_fill_at_the_producers_version_whatever_the_fill_was_written_at() {
+        let traded = |side: Option<&str>, qty: &str| Traded {
+            symbol: "X".to_owned(),
+            side: side.map(str::to_owned),
+            qty: qty.to_owned(),
+            price: "1.5".to_owned(),
+        };
+        let sold_v1 = traded(Some("sell"), "10.50");
+        let sold_v2 = traded(None, "-10.50");
+        for original in [&sold_v1, &sold_v2] {
+            assert_eq!(original.clone().at_version(1), Ok(sold_v1.clone()));
+            assert_eq!(original.clone().at_version(2), Ok(sold_v2.clone()));
+        }
+        let bought_v1 = traded(Some("buy"), "3");
+        assert_eq!(bought_v1.clone().at_version(2), Ok(traded(None, "3")));
+        assert_eq!(traded(None, "3").at_version(1), Ok(bought_v1));
+        assert!(traded(Some("sell"), "-3").at_version(2).is_err());
     }
 
     #[test]

@@ -74,6 +74,7 @@ pub mod relay;
 mod rng;
 mod sql;
 
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
@@ -120,6 +121,9 @@ pub struct WriteSide {
     written: Arc<Notify>,
     /// Checked before every order, when set.
     quotes: Option<QuoteGate>,
+    /// The version of their shape fills and busts are written at: 2 (a signed `qty`) unless
+    /// set otherwise, shared by every clone, so that a running write side can be upgraded.
+    fill_version: Arc<AtomicI32>,
 }
 
 impl WriteSide {
@@ -170,7 +174,38 @@ impl WriteSide {
             counters: Arc::new(Counters::default()),
             written: Arc::new(Notify::new()),
             quotes: None,
+            fill_version: Arc::new(AtomicI32::new(2)),
         })
+    }
+
+    /// Writes fills and busts at `version` of their shape from now on, in every clone and
+    /// intake of this write side: 1 (`side` and a positive `qty`) or 2 (a signed `qty`, no
+    /// side; the default). An upgrade of the producer in the middle of a run: the topic then
+    /// holds both. A bust is written at the version current when it is written, repeating its
+    /// fill's trade whatever version the fill was written at.
+    pub fn set_fill_version(&self, version: i32) -> Result<(), WriteSideError> {
+        if !(1..=2).contains(&version) {
+            return Err(WriteSideError::InvalidConfig(format!(
+                "fill version {version}: the write side writes versions 1 and 2"
+            )));
+        }
+        self.fill_version.store(version, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The version fills and busts are written at now.
+    pub fn fill_version(&self) -> i32 {
+        self.fill_version.load(Ordering::Relaxed)
+    }
+
+    /// Fills and busts stored so far at version 1 and at version 2.
+    pub async fn trades_by_version(&self) -> Result<(i64, i64), WriteSideError> {
+        let client = self.pool.get().await.map_err(WriteSideError::Pool)?;
+        let row = client
+            .query_one(*sql::TRADES_BY_VERSION, &[])
+            .await
+            .map_err(db("counting fills and busts by version"))?;
+        Ok((row.get(0), row.get(1)))
     }
 
     /// Checks every order against `gate` before it is accepted (see [`quotes`]); a refused
@@ -203,6 +238,7 @@ impl WriteSide {
             counters: Arc::clone(&self.counters),
             written: Arc::clone(&self.written),
             quotes: self.quotes.clone(),
+            fill_version: Arc::clone(&self.fill_version),
         }
     }
 

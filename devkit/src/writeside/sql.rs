@@ -33,6 +33,7 @@ statements! {
     ROLLBACK_FILL = WRITESIDE_SQL "rollback_fill";
     NEXT_SEQ = WRITESIDE_SQL "next_seq";
     FIND_FILL = WRITESIDE_SQL "find_fill";
+    TRADES_BY_VERSION = WRITESIDE_SQL "trades_by_version";
     CLAIM_BUST = WRITESIDE_SQL "claim_bust";
     RECORD_EVENT = WRITESIDE_SQL "record_event";
     BOOK_TRADE = WRITESIDE_SQL "book_trade";

@@ -42,6 +42,14 @@ INSERT INTO public.account_seq AS s (account_id, last_seq) VALUES ($1, 1)
 ON CONFLICT (account_id) DO UPDATE SET last_seq = s.last_seq + 1
 RETURNING last_seq, clock_timestamp() AS now
 
+-- name: trades_by_version
+-- Fills and busts written, at version 1 (no `type_version`) and at version 2: a write side
+-- upgraded in the middle of a run (`WriteSide::set_fill_version`) holds both.
+SELECT count(*) FILTER (WHERE payload::jsonb -> 'type_version' IS NULL) AS v1,
+       count(*) FILTER (WHERE payload::jsonb ->> 'type_version' = '2') AS v2
+FROM writeside.events
+WHERE type IN ('fill_executed', 'fill_busted')
+
 -- name: find_fill
 -- The fill a bust reverses: it must be a fill of the same account.
 SELECT payload::jsonb -> 'data' AS data
@@ -88,14 +96,17 @@ WITH ev AS (
     FROM (SELECT $1::text::jsonb AS j) AS parsed
 ),
 -- A bust is booked as the reversing trade: the opposite side, the original's quantity and
--- price, no fee. s is the side as +1/-1, x > 0 the quantity, p the price.
+-- price, no fee. s is the side as +1/-1, x > 0 the quantity, p the price. An event is at
+-- version 1 (`side`, a positive qty) or 2 (no side, the qty signed): the side is `side` when
+-- there is one, else the sign of qty.
 pf_trade AS (
     SELECT ev.account_id,
            ev.seq,
            ev.occurred_at,
            ev.data->>'symbol' AS symbol,
-           CASE WHEN (ev.data->>'side' = 'buy') = (ev.type = 'fill_executed') THEN 1 ELSE -1 END AS s,
-           (ev.data->>'qty')::numeric AS x,
+           CASE WHEN coalesce(ev.data->>'side' = 'buy', (ev.data->>'qty')::numeric > 0)
+                     = (ev.type = 'fill_executed') THEN 1 ELSE -1 END AS s,
+           abs((ev.data->>'qty')::numeric) AS x,
            (ev.data->>'price')::numeric AS p
     FROM ev
 ),

@@ -7,7 +7,7 @@ use deadpool_postgres::Transaction;
 use crate::apply::plan::{Decoded, Source, Work};
 use crate::apply::types::{ApplyError, Counts};
 use crate::apply::Applier;
-use crate::event::{safe_text, MAX_ID_BYTES};
+use crate::event::{safe_text, Event, MAX_ID_BYTES};
 use crate::queries;
 use crate::sequencer::Item;
 
@@ -142,6 +142,38 @@ impl<'a> Waiting<'a> {
     }
 }
 
+/// Accounts that end parked, as the columns of [`queries::PARK_ACCOUNTS`].
+#[derive(Default)]
+struct Parks<'a> {
+    account: Vec<i64>,
+    blocked: Vec<i64>,
+    /// Events that wait.
+    waiting: Vec<i64>,
+    /// When the event at the blocked `seq` is held for its version: its type, its version and
+    /// why (the park's reason is then `unknown_version`).
+    held_type: Vec<Option<&'a str>>,
+    held_version: Vec<Option<i32>>,
+    held_why: Vec<Option<&'a str>>,
+}
+
+impl<'a> Parks<'a> {
+    fn push(
+        &mut self,
+        account: i64,
+        blocked: i64,
+        waiting: i64,
+        held: Option<(&'a Event, &'a str)>,
+    ) {
+        self.account.push(account);
+        self.blocked.push(blocked);
+        self.waiting.push(waiting);
+        self.held_type
+            .push(held.map(|(e, _)| e.event_type.as_str()));
+        self.held_version.push(held.map(|(e, _)| e.type_version));
+        self.held_why.push(held.map(|(_, why)| why));
+    }
+}
+
 /// Everything the bookkeeping pipeline writes, gathered from the settled work.
 #[derive(Default)]
 struct Rows<'a> {
@@ -149,8 +181,8 @@ struct Rows<'a> {
     wait: Waiting<'a>,
     /// Waiting events that leave the table: (account, seq).
     drained: (Vec<i64>, Vec<i64>),
-    /// Accounts that end parked: (account, blocked seq, events waiting).
-    parks: (Vec<i64>, Vec<i64>, Vec<i64>),
+    /// Accounts that end parked.
+    parks: Parks<'a>,
     unparks: Vec<i64>,
     /// Poison of accounts the batch holds no sound event of: (account, seq).
     relabel: (Vec<i64>, Vec<i64>),
@@ -261,18 +293,21 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
         }
         match acc.blocked_seq() {
             Some(blocked) => {
-                rows.parks.0.push(acc.account_id);
-                rows.parks.1.push(blocked);
-                rows.parks.2.push(acc.plan.waiting.len() as i64);
+                let held = acc
+                    .plan
+                    .waiting
+                    .get(&blocked)
+                    .and_then(|&item| work.held(item));
+                rows.parks
+                    .push(acc.account_id, blocked, acc.plan.waiting.len() as i64, held);
             }
             // More waited than were loaded, and every loaded one left: the account stays
             // parked at its next seq, so that the next step (the drain that follows, or the
             // account's next batch) loads the rest. Unparked, nothing would load them: only
             // a parked account's waiting events are read.
             None if work.truncated.contains(&acc.account_id) => {
-                rows.parks.0.push(acc.account_id);
-                rows.parks.1.push(acc.plan.last_seq + 1);
-                rows.parks.2.push(0);
+                rows.parks
+                    .push(acc.account_id, acc.plan.last_seq + 1, 0, None);
             }
             None if acc.initial.blocked.is_some() => rows.unparks.push(acc.account_id),
             None => {}
@@ -387,12 +422,24 @@ impl Applier {
             tx.execute(&delete_waiting, &[c, &rows.drained.0, &rows.drained.1])
                 .await
         };
+        let p = &rows.parks;
         let parks = async {
-            if rows.parks.0.is_empty() {
+            if p.account.is_empty() {
                 return Ok(0);
             }
-            tx.execute(&park, &[c, &rows.parks.0, &rows.parks.1, &rows.parks.2])
-                .await
+            tx.execute(
+                &park,
+                &[
+                    c,
+                    &p.account,
+                    &p.blocked,
+                    &p.waiting,
+                    &p.held_type,
+                    &p.held_version,
+                    &p.held_why,
+                ],
+            )
+            .await
         };
         let unparks = async {
             if !rows.superseded.0.is_empty() {

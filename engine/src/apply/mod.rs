@@ -44,8 +44,11 @@ use tracing::Instrument;
 use crate::event::{check_data, decode_envelope, extract_fields, salvage, Event, Message};
 use crate::inbox;
 use crate::metrics::ViewMetrics;
-use crate::projection::{check_compatible, Field, Projection, SourceOrdering, ViewError};
+use crate::projection::{
+    check_compatible, Field, Projection, SourceOrdering, UnknownVersion, ViewError,
+};
 use crate::queries;
+use crate::upcast::{UpcastError, Upcasters};
 
 use bookkeeping::Advance;
 use plan::{AccountState, Decoded, StoredEvent, Work};
@@ -83,6 +86,19 @@ pub(crate) fn default_owner() -> String {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".to_owned());
     format!("{host}:{}", std::process::id())
+}
+
+/// A dead letter's error about an event's data, naming the version it came in (`seen`) and,
+/// when it was upcast, the version it was read at: a producer must see which shape failed.
+fn versioned(event: &Event, seen: i32, reads: i32, error: impl std::fmt::Display) -> String {
+    if seen == reads {
+        format!("{} version {seen}: {error}", event.event_type)
+    } else {
+        format!(
+            "{} version {seen}, upcast to version {reads}: {error}",
+            event.event_type
+        )
+    }
 }
 
 /// What a caught panic said, for a dead letter or a log line.
@@ -154,6 +170,13 @@ pub struct Applier {
     emits: bool,
     /// The fields of `data` the view reads, decoded here, passed as typed columns.
     fields: Vec<Field>,
+    /// The view's upcasters, chained: every event of a subscribed type is brought to the
+    /// version the view reads here, in [`Applier::decode`], which every path goes through.
+    upcasters: Upcasters,
+    /// What an event newer than that version becomes: it waits (and parks its account) or
+    /// is dead-lettered. Without per-account tracking (an unordered source) nothing can
+    /// wait, and it is dead-lettered.
+    unknown_version: UnknownVersion,
 }
 
 impl std::fmt::Debug for Applier {
@@ -178,10 +201,16 @@ impl Applier {
         let many_per_account = projection.many_per_account();
         let emits = projection.notices_sql().is_some();
         let fields = projection.fields();
+        let upcasters = Upcasters::new(projection.upcasters())
+            .map_err(|e| ViewError::Upcasters(consumer.clone(), e))?;
         let tracking = match (ordering, ordered) {
             (SourceOrdering::Unordered, _) => Tracking::None,
             (SourceOrdering::PerAccount, false) => Tracking::Watermark,
             (SourceOrdering::PerAccount, true) => Tracking::Seq,
+        };
+        let unknown_version = match tracking {
+            Tracking::None => UnknownVersion::DeadLetter,
+            _ => projection.unknown_version(),
         };
         // Every view with an inbox tries the plain insert first: the events a batch sends are
         // new far more often than not (a redelivered batch never met the inbox: its rows
@@ -219,6 +248,8 @@ impl Applier {
             owner: default_owner(),
             emits,
             fields,
+            upcasters,
+            unknown_version,
         })
     }
 
@@ -620,43 +651,94 @@ impl Applier {
 
     /// Decodes one message for this view: the envelope always; the data, and the view's own
     /// checks, only for types it subscribes to. An event of another type advances the
-    /// account's `seq` whatever its data holds.
+    /// account's `seq` whatever its data holds, whatever its version.
+    ///
+    /// This is the one place an event is upcast, for every path: a batch of the stream or of
+    /// a rebuild's tail, a waiting event read back, a dead letter retried. A subscribed event
+    /// is checked at the version it came in (the built-in types' shapes), brought to the
+    /// version the view reads by the view's upcasters, and checked again at that version,
+    /// before the view's declared fields are read and its own checks run. One newer than the
+    /// view reads is held ([`Decoded::Held`]) or dead-lettered, by the view's policy. Every
+    /// error of the data names the version seen.
     fn decode(&self, message: &Message) -> Decoded {
         let decoded = decode_envelope(message)
             .map_err(|e| e.to_string())
-            .and_then(|event| {
+            .and_then(|mut event| {
                 let sent = self.sends(&event);
                 if !sent {
-                    return Ok((event, Vec::new(), false));
+                    return Ok(Decoded::Event {
+                        event,
+                        values: Vec::new(),
+                        sent: false,
+                    });
                 }
-                check_data(&event).map_err(|e| e.to_string())?;
-                let values = extract_fields(&event, &self.fields).map_err(|e| e.to_string())?;
+                let seen = event.type_version;
+                let reads = self.upcasters.reads(&event.event_type);
+                if seen > reads {
+                    let why = UpcastError::Unknown {
+                        event_type: event.event_type.clone(),
+                        version: seen,
+                        reads,
+                    };
+                    return match self.unknown_version {
+                        UnknownVersion::Park => Ok(Decoded::Held {
+                            why: format!(
+                                "{why}: it waits for a build of {} that reads it",
+                                self.consumer
+                            ),
+                            event,
+                        }),
+                        UnknownVersion::DeadLetter => Err(format!(
+                            "{why}: dead-lettered (the view's policy for unknown versions); retry it once a build of {} that reads it runs",
+                            self.consumer
+                        )),
+                    };
+                }
+                check_data(&event).map_err(|e| versioned(&event, seen, seen, e))?;
+                if seen < reads {
+                    self.upcasters
+                        .upcast(&mut event)
+                        .map_err(|e| e.to_string())?;
+                    check_data(&event).map_err(|e| versioned(&event, seen, reads, e))?;
+                }
+                let values = extract_fields(&event, &self.fields)
+                    .map_err(|e| versioned(&event, seen, reads, e))?;
                 // A view's own Rust code: a panic in it poisons this event for the view,
                 // instead of ending the partition's worker with the batch in its hands.
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     self.projection.validate(&event)
                 }))
                 .map_err(|panic| {
-                    format!(
+                    let panic = format!(
                         "view {}'s validate panicked: {}",
                         self.consumer,
                         panic_message(&*panic)
-                    )
+                    );
+                    versioned(&event, seen, reads, panic)
                 })?
-                .map_err(|e| format!("rejected by view {}: {e}", self.consumer))?;
-                Ok((event, values, true))
+                .map_err(|e| {
+                    let e = format!("rejected by view {}: {e}", self.consumer);
+                    versioned(&event, seen, reads, e)
+                })?;
+                Ok(Decoded::Event {
+                    event,
+                    values,
+                    sent: true,
+                })
             });
-        match decoded {
-            Ok((event, values, sent)) => Decoded::Event {
-                event,
-                values,
-                sent,
-            },
-            Err(error) => Decoded::Poison {
-                error,
-                salvage: salvage(&message.payload),
-            },
-        }
+        decoded.unwrap_or_else(|error| Decoded::Poison {
+            error,
+            salvage: salvage(&message.payload),
+        })
+    }
+
+    /// The version the view reads each type it subscribes to at, for the drains that look
+    /// for accounts parked on a version this build reads (`queries::DRAINABLE_ACCOUNTS`).
+    fn read_versions(&self) -> (Vec<String>, Vec<i32>) {
+        self.subscribes
+            .iter()
+            .map(|t| (t.clone(), self.upcasters.reads(t)))
+            .unzip()
     }
 
     async fn prepare_lock(&self, tx: &Transaction<'_>) -> Result<Statement, ApplyError> {

@@ -24,6 +24,17 @@ pub(crate) enum Decoded {
         /// at decode, where the type's text is at hand.
         sent: bool,
     },
+    /// A sound envelope of a type the view subscribes to, at a version newer than the one the
+    /// view reads (`Projection::upcasters`), under the policy that parks: it holds its `seq`
+    /// but is never applied, so it waits, with its raw bytes, and nothing of its account after
+    /// it is applied (an order-independent view holds back only the event). Every batch and
+    /// drain of the account decodes it again: a build that reads the version applies it.
+    Held {
+        /// The envelope; `data` as it came.
+        event: Event,
+        /// Why, for the park's detail.
+        why: String,
+    },
     /// Poison for this view: dead-lettered with what its envelope still yields.
     Poison {
         /// Why, for the dead-letter row.
@@ -37,15 +48,30 @@ impl Decoded {
     pub(crate) fn values(&self) -> &[FieldValue] {
         match self {
             Decoded::Event { values, .. } => values,
-            Decoded::Poison { .. } => &[],
+            Decoded::Held { .. } | Decoded::Poison { .. } => &[],
         }
     }
 
+    /// The envelope of a sound event, held or not.
     pub(crate) fn event(&self) -> Option<&Event> {
         match self {
-            Decoded::Event { event, .. } => Some(event),
+            Decoded::Event { event, .. } | Decoded::Held { event, .. } => Some(event),
             Decoded::Poison { .. } => None,
         }
+    }
+
+    /// An event held back for its version: it waits however its `seq` stands.
+    pub(crate) fn is_held(&self) -> bool {
+        matches!(self, Decoded::Held { .. })
+    }
+
+    /// An event of a type the view subscribes to, held or not: only such an event leaves an
+    /// inbox row once applied.
+    pub(crate) fn is_subscribed(&self) -> bool {
+        matches!(
+            self,
+            Decoded::Event { sent: true, .. } | Decoded::Held { .. }
+        )
     }
 
     /// A sound event of a type the view subscribes to.
@@ -233,6 +259,26 @@ impl<'b> Work<'b> {
         }
     }
 
+    /// Whether an item is held back for its version ([`Decoded::Held`]).
+    pub(crate) fn is_held(&self, item: Item) -> bool {
+        match item {
+            Item::Batch(i) => self.decoded[i].is_held(),
+            Item::Stored(i) => self.stored[i].decoded.is_held(),
+        }
+    }
+
+    /// Why the item is held back, with its type and version, when it is.
+    pub(crate) fn held(&self, item: Item) -> Option<(&Event, &str)> {
+        let decoded = match item {
+            Item::Batch(i) => &self.decoded[i],
+            Item::Stored(i) => &self.stored[i].decoded,
+        };
+        match decoded {
+            Decoded::Held { event, why } => Some((event, why.as_str())),
+            _ => None,
+        }
+    }
+
     /// Whether an item is a sound event of a type the view subscribes to.
     pub(crate) fn sends(&self, item: Item) -> bool {
         match item {
@@ -335,7 +381,7 @@ impl<'b> Work<'b> {
                 watermark: initial.watermark,
                 waiting: waiting.remove(&account_id).unwrap_or_default(),
             };
-            let plan = sequencer::plan(stored, &events, ordered);
+            let plan = sequencer::plan(stored, &events, ordered, &|item| self.is_held(item));
             for (&(_, item), verdict) in events.iter().zip(&plan.verdicts) {
                 let Item::Batch(i) = item else { continue };
                 self.dispositions[i] = match verdict {
@@ -479,7 +525,7 @@ impl<'b> Work<'b> {
                 let Some(ev) = self.decoded[i].event() else {
                     continue;
                 };
-                if self.decoded[i].is_sent() {
+                if self.decoded[i].is_subscribed() {
                     ids.push((ev.event_id.as_str(), ev.occurred_at));
                 }
             }

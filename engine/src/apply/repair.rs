@@ -511,9 +511,11 @@ impl Applier {
     }
 
     /// Up to `limit` parked accounts whose next `seq` already waits, among events read from
-    /// `topic`/`partition`: drains left unfinished ([`queries::DRAINABLE_ACCOUNTS`]). The
-    /// partition's consumer drains them with [`Applier::drain_account`] without waiting for
-    /// their next event. None for a view that never parks.
+    /// `topic`/`partition`: drains left unfinished, and accounts parked on an event of a
+    /// version this build reads and the one that parked them did not
+    /// ([`queries::DRAINABLE_ACCOUNTS`]). The partition's consumer drains them with
+    /// [`Applier::drain_account`] when it starts and without waiting for their next event.
+    /// None for a view that never parks.
     pub async fn drainable_accounts(
         &self,
         client: &Client,
@@ -521,13 +523,21 @@ impl Applier {
         partition: i32,
         limit: i64,
     ) -> Result<Vec<i64>, ApplyError> {
-        if !self.ordered {
+        if self.tracking == super::Tracking::None {
             return Ok(Vec::new());
         }
+        let (types, versions) = self.read_versions();
         Ok(client
             .query(
                 queries::DRAINABLE_ACCOUNTS,
-                &[&self.consumer, &topic, &partition, &limit],
+                &[
+                    &self.consumer,
+                    &topic,
+                    &partition,
+                    &limit,
+                    &types,
+                    &versions,
+                ],
             )
             .await
             .map_err(self.db("looking for drains left unfinished"))?

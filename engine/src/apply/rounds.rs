@@ -564,6 +564,7 @@ mod tests {
             Event {
                 event_id: "b".to_owned(),
                 event_type: "fill_executed".to_owned(),
+                type_version: 1,
                 account_id: 2,
                 seq: 7,
                 occurred_at: at("2026-11-29T10:15:00Z"),
@@ -572,6 +573,7 @@ mod tests {
             Event {
                 event_id: "a".to_owned(),
                 event_type: "cash_adjusted".to_owned(),
+                type_version: 1,
                 account_id: 1,
                 seq: 3,
                 occurred_at: at("2026-11-30T00:00:00Z"),

@@ -91,6 +91,7 @@ fn old_decode_envelope(message: &Message) -> Result<Event, DecodeError> {
     Ok(Event {
         event_id: env.event_id,
         event_type: env.event_type,
+        type_version: 1,
         account_id: env.account_id,
         seq: env.seq,
         occurred_at,

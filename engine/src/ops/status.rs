@@ -301,7 +301,7 @@ pub struct DeadLetters {
 pub struct Parked {
     /// How many.
     pub total: i64,
-    /// By reason (`gap`, `dead_letter`; every reason present).
+    /// By reason (`gap`, `dead_letter`, `unknown_version`; every reason present).
     pub by_reason: BTreeMap<String, i64>,
     /// The oldest, up to the listing limit.
     pub oldest: Vec<ParkedAccount>,
@@ -348,7 +348,7 @@ pub struct PartitionStatus {
 }
 
 const DEAD_LETTER_KINDS: [&str; 3] = ["poison", "apply_failed", "conflict"];
-const PARK_REASONS: [&str; 2] = ["gap", "dead_letter"];
+const PARK_REASONS: [&str; 3] = ["gap", "dead_letter", "unknown_version"];
 
 /// One offsets row.
 #[derive(Debug, Clone)]
@@ -801,10 +801,15 @@ fn judge(v: &mut VersionStatus, rule: &HealthRule, now: DateTime<Utc>, out: &mut
             consumer: Some(v.consumer.clone()),
             partition: None,
             message: format!(
-                "{}: {} parked account(s) ({})",
+                "{}: {} parked account(s) ({}){}",
                 v.consumer,
                 v.parked.total,
-                nonzero(&v.parked.by_reason)
+                nonzero(&v.parked.by_reason),
+                if v.parked.by_reason.get("unknown_version").copied().unwrap_or(0) > 0 {
+                    "; unknown_version: events of a version this view does not read wait for a build that reads it, which drains them when it starts"
+                } else {
+                    ""
+                }
             ),
         });
     }

@@ -27,6 +27,13 @@
 //!   An order-independent view does not track `seq` (only the inbox, which holds subscribed
 //!   events only, knows an event), so there every delivered copy of such an event is ignored.
 //!
+//! Event versions: one schedule ([`Log::MixedVersions`]) delivers each event either as given
+//! or as the write side would have published it at the versions the view reads (the event
+//! brought there by the view's own upcasters, in the test), interleaved, with redeliveries in
+//! the other version. Its rows must equal those of every other schedule: the engine's
+//! upcasting of the given events equals the fold of the events at the version the view reads.
+//! Give the stream at the oldest versions you support, or there is nothing to upcast.
+//!
 //! Adding a schedule is one entry in [`SCHEDULES`]: a name, a version, the log it delivers
 //! ([`Log`]) and how it consumes it ([`Delivery`]).
 
@@ -79,6 +86,11 @@ pub enum Log {
     /// not UTF-8, a truncated envelope, and a JSON array. Each must be dead-lettered with its
     /// bytes, and nothing else.
     Poisoned,
+    /// Every event once, those of even `seq` at the versions the view reads
+    /// (upcast by its upcasters; `EventSpec::upcast`) and the rest as given, and after about
+    /// one in three a copy of a random earlier one in its other version: a producer upgraded
+    /// halfway, and redeliveries of both versions, of the same accounts.
+    MixedVersions,
 }
 
 /// How a schedule's partition is consumed. Every consumer resumes from the offset stored in
@@ -104,7 +116,7 @@ pub enum Delivery {
 }
 
 /// Every schedule the suite runs, in order. The first is the reference: each event once.
-pub const SCHEDULES: [Schedule; 11] = [
+pub const SCHEDULES: [Schedule; 12] = [
     Schedule {
         name: "once",
         version: 1,
@@ -171,6 +183,12 @@ pub const SCHEDULES: [Schedule; 11] = [
         log: Log::Poisoned,
         delivery: Delivery::Batches(7),
     },
+    Schedule {
+        name: "mixed versions, redelivered in the other",
+        version: 12,
+        log: Log::MixedVersions,
+        delivery: Delivery::Batches(7),
+    },
 ];
 
 /// What the suite saw.
@@ -227,6 +245,17 @@ pub async fn run(factory: Factory, events: &[EventSpec]) -> Report {
             .expect("register the view under test");
     }
     let db = TestDb::new(&registry).await;
+    // The stream at the versions the view reads, for the mixed schedule.
+    let upcasters = crate::upcast::Upcasters::new(factory(SCHEDULES[0].version).upcasters())
+        .expect("the view's upcasters chain");
+    let upcast: Vec<EventSpec> = events
+        .iter()
+        .map(|e| {
+            e.upcast(&upcasters).unwrap_or_else(|err| {
+                panic!("conformance: event {:?} does not upcast: {err}", e.event_id)
+            })
+        })
+        .collect();
 
     let mut baseline: Option<(Rows, u64)> = None;
     let mut reports = Vec::new();
@@ -234,7 +263,7 @@ pub async fn run(factory: Factory, events: &[EventSpec]) -> Report {
         let view = factory(schedule.version);
         let applier =
             Arc::new(Applier::new(view.clone(), SourceOrdering::PerAccount).expect("applier"));
-        let log = build_log(schedule.log, events);
+        let log = build_log(schedule.log, events, &upcast);
         let outcomes = deliver(schedule.delivery, &db, &applier, &log.partition).await;
         let client = db.client().await;
         let counts = check_outcome(&client, &*view, schedule, events, &log, &outcomes).await;
@@ -328,8 +357,11 @@ const POISON: [&[u8]; 3] = [
     b"[\"an array, not an envelope\"]",
 ];
 
-fn build_log(log: Log, events: &[EventSpec]) -> BuiltLog {
+/// The partition of `log`; `upcast` is `events` at the versions the view reads.
+fn build_log(log: Log, events: &[EventSpec], upcast: &[EventSpec]) -> BuiltLog {
     let n = events.len();
+    // For the mixed schedule, whether each entry is the upcast form of its event.
+    let mut upcast_form: Vec<bool> = Vec::new();
     let entries: Vec<Entry> = match log {
         Log::Once => (0..n).map(Entry::Event).collect(),
         Log::Repeated(k) => (0..k).flat_map(|_| (0..n).map(Entry::Event)).collect(),
@@ -355,11 +387,30 @@ fn build_log(log: Log, events: &[EventSpec]) -> BuiltLog {
             out.insert(0, Entry::Poison);
             out
         }
+        Log::MixedVersions => {
+            let mut rng = Lcg(0x0e0e);
+            let mut out = Vec::new();
+            for i in 0..n {
+                // By seq, so that every account with two events has both versions.
+                let later = |k: usize| events[k].seq % 2 == 0;
+                out.push(Entry::Event(i));
+                upcast_form.push(later(i));
+                if rng.below(3) == 0 {
+                    let j = rng.below(i + 1);
+                    out.push(Entry::Event(j));
+                    upcast_form.push(!later(j));
+                }
+            }
+            out
+        }
     };
     let mut partition = Partition::new(TOPIC, 0);
     let mut poison = POISON.iter();
-    for entry in &entries {
+    for (k, entry) in entries.iter().enumerate() {
         match entry {
+            Entry::Event(i) if upcast_form.get(k).copied().unwrap_or(false) => {
+                partition.push_event(&upcast[*i])
+            }
             Entry::Event(i) => partition.push_event(&events[*i]),
             Entry::Poison => {
                 let bytes = poison.next().expect("as many entries as poison payloads");
@@ -830,7 +881,7 @@ mod tests {
     #[test]
     fn poison_is_planted_first_in_the_middle_and_last() {
         let events = stream(1, 4);
-        let log = build_log(Log::Poisoned, &events);
+        let log = build_log(Log::Poisoned, &events, &events);
         use Entry::*;
         assert_eq!(
             log.entries,
@@ -851,7 +902,7 @@ mod tests {
     #[test]
     fn an_event_waits_only_for_an_earlier_seq_in_a_later_batch() {
         let events = stream(1, 4);
-        let log = build_log(Log::Reordered, &events);
+        let log = build_log(Log::Reordered, &events, &events);
         // Seqs 2, 1, 4, 3: in batches of one, 2 and 4 wait; in batches of two, nothing does.
         let all = |_: &EventSpec| true;
         let one = expected_dispositions(&log, &events, &[0, 1, 2, 3], true, &all);
@@ -869,5 +920,33 @@ mod tests {
         let mut events = stream(1, 3);
         events.remove(1);
         check_stream(&events);
+    }
+
+    #[test]
+    fn the_mixed_schedule_interleaves_both_versions_of_the_same_accounts() {
+        let events: Vec<EventSpec> = stream(2, 6);
+        let upcast: Vec<EventSpec> = events.iter().map(|e| e.clone().with_version(2)).collect();
+        let log = build_log(Log::MixedVersions, &events, &upcast);
+        let mut versions: BTreeMap<(i64, bool), usize> = BTreeMap::new();
+        let mut copies = 0;
+        let mut seen = BTreeSet::new();
+        for (entry, m) in log.entries.iter().zip(&log.partition.log) {
+            let Entry::Event(i) = *entry else { continue };
+            let v2 = String::from_utf8_lossy(&m.payload).contains("\"type_version\":2");
+            *versions.entry((events[i].account_id, v2)).or_default() += 1;
+            if !seen.insert(i) {
+                copies += 1;
+            }
+        }
+        for account in [1, 2] {
+            for v2 in [false, true] {
+                assert!(
+                    versions.get(&(account, v2)).copied().unwrap_or(0) > 0,
+                    "{versions:?}"
+                );
+            }
+        }
+        assert!(copies > 0, "redeliveries");
+        assert_eq!(seen.len(), events.len(), "every event");
     }
 }

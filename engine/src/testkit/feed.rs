@@ -10,6 +10,8 @@ pub struct EventSpec {
     pub event_id: String,
     /// Event type.
     pub event_type: String,
+    /// The envelope's `type_version`; `None` leaves it out (version 1).
+    pub type_version: Option<i32>,
     /// Account (and message key).
     pub account_id: i64,
     /// Per-account sequence.
@@ -32,6 +34,7 @@ impl EventSpec {
         Self {
             event_id: format!("{event_type}-{account_id}-{seq}"),
             event_type: event_type.to_owned(),
+            type_version: None,
             account_id,
             seq,
             occurred_at: occurred_at.to_owned(),
@@ -45,18 +48,48 @@ impl EventSpec {
         self
     }
 
+    /// Sets the envelope's `type_version`.
+    pub fn with_version(mut self, version: i32) -> Self {
+        self.type_version = Some(version);
+        self
+    }
+
+    /// The version of its type the event is at: its `type_version`, 1 when absent.
+    pub fn version(&self) -> i32 {
+        self.type_version.unwrap_or(1)
+    }
+
     /// The JSON envelope.
     pub fn payload(&self) -> Vec<u8> {
-        serde_json::json!({
+        let mut envelope = serde_json::json!({
             "event_id": self.event_id,
             "type": self.event_type,
             "account_id": self.account_id,
             "seq": self.seq,
             "occurred_at": self.occurred_at,
             "data": self.data,
-        })
-        .to_string()
-        .into_bytes()
+        });
+        if let (Some(v), Some(map)) = (self.type_version, envelope.as_object_mut()) {
+            map.insert("type_version".to_owned(), v.into());
+        }
+        envelope.to_string().into_bytes()
+    }
+
+    /// The same event brought to the versions `upcasters` read (the view's): what the write
+    /// side would have published had it been at those versions. An event at those versions
+    /// already, or of a type they do not read at another, comes back as it is.
+    pub fn upcast(&self, upcasters: &crate::upcast::Upcasters) -> Result<Self, String> {
+        let mut event = crate::event::decode_envelope(&Message::new(0, None, self.payload()))
+            .map_err(|e| e.to_string())?;
+        if event.type_version >= upcasters.reads(&event.event_type) {
+            return Ok(self.clone());
+        }
+        upcasters.upcast(&mut event).map_err(|e| e.to_string())?;
+        let data = serde_json::from_str(&event.data).map_err(|e| e.to_string())?;
+        let mut out = self.clone();
+        out.type_version = Some(event.type_version);
+        out.data = data;
+        Ok(out)
     }
 
     /// The message key: the account id in decimal.
@@ -86,19 +119,53 @@ pub fn fill(
     )
 }
 
-/// A `fill_busted` event reversing `original`, which must be a fill.
+/// A `fill_executed` event at version 2: `qty` signed, positive buys, negative sells, no
+/// side.
+pub fn fill_v2(
+    account_id: i64,
+    seq: i64,
+    at: &str,
+    symbol: &str,
+    qty: &str,
+    price: &str,
+    fee: &str,
+) -> EventSpec {
+    EventSpec::new(
+        crate::event::FILL_EXECUTED,
+        account_id,
+        seq,
+        at,
+        serde_json::json!({"symbol": symbol, "qty": qty, "price": price, "fee": fee}),
+    )
+    .with_version(2)
+}
+
+/// A `fill_busted` event reversing `original`, which must be a fill: at the fill's version,
+/// with its symbol, side (version 1) or signed quantity (version 2), and price.
 pub fn bust(original: &EventSpec, seq: i64, at: &str) -> EventSpec {
     let d = &original.data;
-    EventSpec::new(
+    let data = if original.version() >= 2 {
+        serde_json::json!({
+            "fill_event_id": original.event_id,
+            "symbol": d["symbol"], "qty": d["qty"], "price": d["price"],
+        })
+    } else {
+        serde_json::json!({
+            "fill_event_id": original.event_id,
+            "symbol": d["symbol"], "side": d["side"], "qty": d["qty"], "price": d["price"],
+        })
+    };
+    let bust = EventSpec::new(
         crate::event::FILL_BUSTED,
         original.account_id,
         seq,
         at,
-        serde_json::json!({
-            "fill_event_id": original.event_id,
-            "symbol": d["symbol"], "side": d["side"], "qty": d["qty"], "price": d["price"],
-        }),
-    )
+        data,
+    );
+    match original.type_version {
+        Some(v) => bust.with_version(v),
+        None => bust,
+    }
 }
 
 /// A `cash_adjusted` event.

@@ -6,7 +6,7 @@ mod database;
 mod feed;
 
 pub use database::{admin_url, TestDb};
-pub use feed::{bust, cash, consume, consume_with_crashes, fill, EventSpec, Partition};
+pub use feed::{bust, cash, consume, consume_with_crashes, fill, fill_v2, EventSpec, Partition};
 
 /// A small deterministic generator, so that random schedules are reproducible from a seed
 /// without a dependency.

@@ -106,6 +106,12 @@ impl Projection for Variant {
     fn validate(&self, event: &projector_engine::Event) -> Result<(), String> {
         self.inner.validate(event)
     }
+    fn upcasters(&self) -> Vec<projector_engine::Upcaster> {
+        self.inner.upcasters()
+    }
+    fn unknown_version(&self) -> projector_engine::UnknownVersion {
+        self.inner.unknown_version()
+    }
     fn replaces(&self) -> Vec<String> {
         self.replaces.clone()
     }

@@ -34,11 +34,13 @@ eod_leg AS (
            -- The UTC date, whatever the session's time zone.
            (ev.occurred_at AT TIME ZONE 'UTC')::date AS trading_day,
            ev.type,
-           ev.side AS side,
+           -- Fills and busts are read at version 2 (version 1 is upcast to it,
+           -- views/src/upcast.rs): the sign of qty is the side, and a bust repeats its fill's.
+           CASE WHEN ev.qty > 0 THEN 'buy' WHEN ev.qty < 0 THEN 'sell' END AS side,
            -- A bust takes back its fill's quantity and notional, on the fill's side. The bust
            -- carries no date of its fill, so it is booked on its own day.
            CASE ev.type WHEN 'fill_busted' THEN -1 ELSE 1 END AS direction,
-           ev.qty AS qty,
+           abs(ev.qty) AS qty,
            ev.price AS price,
            -- A fill's fee is optional (absent = 0). A bust carries none, and the busted fill's
            -- fee stays: a refund, if any, is a cash movement of its own.

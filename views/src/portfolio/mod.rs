@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use projector_engine::event::{FILL_BUSTED, FILL_EXECUTED};
-use projector_engine::{ApplySql, DedupMode, Field, Projection};
+use projector_engine::{ApplySql, DedupMode, Field, Projection, Upcaster};
 
 use crate::sql::SqlFile;
 
@@ -58,10 +58,20 @@ impl Projection for Portfolio {
         // Decoded once by the engine, as typed columns of `ev`: no JSON parsed in SQL.
         vec![
             Field::Text("symbol"),
-            Field::Text("side"),
             Field::Decimal("qty"),
             Field::Decimal("price"),
         ]
+    }
+
+    fn upcasters(&self) -> Vec<Upcaster> {
+        // Fills and busts at version 2: a signed quantity, no side.
+        crate::upcast::upcasters()
+    }
+
+    fn replaces(&self) -> Vec<String> {
+        // The code before event versions read version 1 with its side; this code reads
+        // version 2, with version 1 upcast to it, and writes the same rows.
+        vec![crate::previous::fingerprint(self)]
     }
 
     fn ddl(&self) -> String {

@@ -26,15 +26,18 @@ CREATE TABLE IF NOT EXISTS portfolio_v{v} (
 WITH (fillfactor = 80);
 
 -- name: ctes
--- A bust is booked as the reversing trade: the opposite side, the original's quantity and
--- price, no fee. s is the side as +1/-1, x > 0 the quantity, p the price.
+-- Fills and busts are read at version 2 (version 1 is upcast to it, views/src/upcast.rs):
+-- qty is signed, positive buys, negative sells, and a bust repeats its fill's. A bust is
+-- booked as the reversing trade: the opposite direction, the original's quantity and price,
+-- no fee. s is the trade's direction as +1/-1, x > 0 the quantity (abs keeps its scale, so a
+-- sell's row is what it was when version 1 said `side`), p the price.
 pf_trade AS (
     SELECT ev.account_id,
            ev.seq,
            ev.occurred_at,
            ev.symbol AS symbol,
-           CASE WHEN (ev.side = 'buy') = (ev.type = 'fill_executed') THEN 1 ELSE -1 END AS s,
-           ev.qty AS x,
+           CASE WHEN (ev.qty > 0) = (ev.type = 'fill_executed') THEN 1 ELSE -1 END AS s,
+           abs(ev.qty) AS x,
            ev.price AS p
     FROM ev
 ),

@@ -53,13 +53,14 @@ WITH (fillfactor = 80);
 -- were before the statement and are after it. Every value is exact (numeric sums and
 -- products), so the rows equal those of the same events applied one at a time.
 --
--- A bust is booked as the reversing trade: d is the signed change of the position.
+-- Fills and busts are read at version 2 (version 1 is upcast to it, views/src/upcast.rs):
+-- qty is signed, and a bust repeats its fill's. A bust is booked as the reversing trade: d is
+-- the signed change of the position.
 rk_event AS (
     SELECT ev.account_id,
            ev.seq,
            ev.symbol AS symbol,
-           CASE WHEN (ev.side = 'buy') = (ev.type = 'fill_executed') THEN 1 ELSE -1 END
-               * ev.qty AS d,
+           CASE WHEN ev.type = 'fill_executed' THEN 1 ELSE -1 END * ev.qty AS d,
            ev.price AS p
     FROM ev
 ),
