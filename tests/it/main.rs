@@ -20,6 +20,7 @@ mod engine_schedules;
 mod examples_custom_views;
 mod inbox_layout;
 mod inbox_move;
+mod inbox_review;
 mod kafka_drains;
 mod kafka_faults;
 mod kafka_fencing_after_a_timeout;
