@@ -21,6 +21,7 @@ mod event_versions;
 mod examples_custom_views;
 mod inbox_layout;
 mod inbox_move;
+mod inbox_review;
 mod kafka_drains;
 mod kafka_faults;
 mod kafka_fencing_after_a_timeout;
