@@ -251,6 +251,14 @@ pub fn decode_envelope(message: &Message) -> Result<Event, DecodeError> {
             )
         })?
         .with_timezone(&Utc);
+    // To the microsecond, as PostgreSQL keeps it: the inbox is keyed and partitioned by this
+    // time, so the engine must compute the key and the day PostgreSQL will store, not a finer
+    // one. Two copies nanoseconds apart are one event to the inbox (and must be one to the
+    // engine's own comparisons); a leap second (`23:59:60.5`) is the next day's first second,
+    // as PostgreSQL reads it; and a fraction below a microsecond is dropped here, where the
+    // driver would round one before 2000 towards 2000 (into the next day at a midnight).
+    let occurred_at =
+        DateTime::from_timestamp_micros(occurred_at.timestamp_micros()).unwrap_or(occurred_at);
     // PostgreSQL's timestamptz reaches further, but not as far as chrono: years 1 to 9999
     // are what every reader (and every other language's date type) agrees on.
     if !(1..=9999).contains(&occurred_at.year()) {

@@ -66,6 +66,22 @@ pub fn bounds(day: NaiveDate) -> (DateTime<Utc>, DateTime<Utc>) {
     (start, end)
 }
 
+/// A bound as PostgreSQL reads it, in UTC: `2026-12-02 00:00:00+00`. Written by hand,
+/// not with chrono's `%Y`, which signs a year past 9999 (`+10000`, which PostgreSQL refuses):
+/// the last day of year 9999 ends at `10000-01-01`.
+fn bound_literal(t: DateTime<Utc>) -> String {
+    use chrono::{Datelike, Timelike};
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}+00",
+        t.year(),
+        t.month(),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
+}
+
 /// `inbox_p20261202`: the partition's table name, without the schema.
 pub fn partition_name(day: NaiveDate) -> String {
     format!("{PARTITION_PREFIX}{}", day.format("%Y%m%d"))
@@ -194,8 +210,8 @@ async fn create_in(
         .batch_execute(&format!(
             "ALTER TABLE projector.inbox ATTACH PARTITION projector.{name} \
              FOR VALUES FROM ('{}') TO ('{}')",
-            start.format("%Y-%m-%d %H:%M:%S+00"),
-            end.format("%Y-%m-%d %H:%M:%S+00"),
+            bound_literal(start),
+            bound_literal(end),
         ))
         .await
 }
@@ -473,6 +489,16 @@ mod tests {
             .with_timezone(&Utc);
         assert_eq!(day_of(last), day);
         assert_eq!(day_of(end), day.succ_opt().expect("a date"));
+    }
+
+    #[test]
+    fn bounds_are_named_as_postgresql_reads_them_to_the_end_of_year_9999() {
+        let last = NaiveDate::from_ymd_opt(9999, 12, 31).expect("a date");
+        let (start, end) = bounds(last);
+        assert_eq!(bound_literal(start), "9999-12-31 00:00:00+00");
+        assert_eq!(bound_literal(end), "10000-01-01 00:00:00+00");
+        let first = NaiveDate::from_ymd_opt(1, 1, 1).expect("a date");
+        assert_eq!(bound_literal(bounds(first).0), "0001-01-01 00:00:00+00");
     }
 
     #[test]

@@ -60,7 +60,6 @@ async fn apply_retrying(
 /// day ends at the first moment of year 10000, a bound the partition's DDL must still be able
 /// to name. The event is applied once; it never stops its view.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: the day of 9999-12-31 ends at +10000-01-01, which the partition DDL cannot name; the batch retries for ever"]
 async fn an_event_on_the_last_day_of_year_9999_is_applied_once() {
     let registry = Registry::new().register(Tally::new(1)).expect("registry");
     let db = TestDb::new(&registry).await;
@@ -87,7 +86,6 @@ async fn an_event_on_the_last_day_of_year_9999_is_applied_once() {
 /// bytes, republished by a relay) is a duplicate to an order-dependent view, as it is with
 /// three digits: never a conflict dead letter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: the inbox keys occurred_at to the microsecond, the lookup compares nanoseconds; an exact copy is a conflict dead letter"]
 async fn an_exact_copy_stamped_in_nanoseconds_is_a_duplicate_for_an_order_dependent_view() {
     let registry = Registry::new().register(Trail::new(1)).expect("registry");
     let db = TestDb::new(&registry).await;
@@ -135,7 +133,6 @@ async fn an_exact_copy_stamped_in_nanoseconds_is_a_duplicate_for_an_order_depend
 /// are one event. An order-independent view folds them the same whether they arrive in one
 /// batch or in two (exactly-once effect holds for any delivery schedule).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: copies nanoseconds apart share one inbox key; in one batch both join its row and eod applies the event twice"]
 async fn copies_apart_by_less_than_a_microsecond_fold_the_same_in_one_batch_or_two() {
     let first = stamped(
         fill(1, 1, "", "EURUSD", "buy", "5", "1", "0"),
@@ -168,7 +165,6 @@ async fn copies_apart_by_less_than_a_microsecond_fold_the_same_in_one_batch_or_t
 /// partition while the engine makes the day it computed. The event is applied all the same;
 /// its view does not stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: chrono rounds pre-2000 sub-microsecond times towards 2000; PostgreSQL routes the row to a day the engine never makes"]
 async fn an_event_a_fraction_of_a_microsecond_before_a_midnight_before_2000_is_applied() {
     let registry = Registry::new().register(Tally::new(1)).expect("registry");
     let db = TestDb::new(&registry).await;
@@ -224,7 +220,6 @@ async fn an_event_a_day_older_than_every_day_kept_is_counted_outside_the_window(
 /// RFC 3339 lets a producer name a leap second (`23:59:60`); the event belongs to the day
 /// whose last second it is, and is applied once without stopping its view.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: 23:59:60.5 reaches PostgreSQL as the next day, whose partition the engine never makes"]
 async fn an_event_stamped_in_a_leap_second_is_applied_once() {
     let registry = Registry::new().register(Tally::new(1)).expect("registry");
     let db = TestDb::new(&registry).await;
