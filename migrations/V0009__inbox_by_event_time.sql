@@ -53,6 +53,24 @@ CREATE TABLE projector.inbox (
     PRIMARY KEY (consumer, occurred_at, event_id)
 ) PARTITION BY RANGE (occurred_at);
 
+-- The same binary's deletes went by ctid (`retire --drop`, `inbox prune`), and a ctid names a
+-- row only within one table: on the days of the inbox it would take other consumers' rows in
+-- other days. A DELETE, UPDATE or TRUNCATE of `projector.inbox` itself is refused (55000 too)
+-- unless the session says it knows the layout (`SET projector.inbox_layout = 'days'`); the
+-- engine deletes from each day's table, or drops the day.
+CREATE FUNCTION projector.inbox_layout_guard() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(current_setting('projector.inbox_layout', true), '') <> 'days' THEN
+        RAISE EXCEPTION 'projector.inbox is partitioned by day since migration V0009: a % of it by ctid would reach other consumers'' rows in other days; this binary predates it: upgrade it', TG_OP
+            USING ERRCODE = '55000';
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER inbox_layout_guard BEFORE DELETE OR UPDATE OR TRUNCATE ON projector.inbox
+    FOR EACH STATEMENT EXECUTE FUNCTION projector.inbox_layout_guard();
+
 -- Writes into a day that has already ended (a late event, a rebuild replaying old days): one
 -- row per day, consumer and Kafka partition (so two workers never wait on one row), written in
 -- the batch's transaction. Retention keeps a day until every consumer's clock is a window past

@@ -428,6 +428,53 @@ pub async fn mark_late_in(
         .map(drop)
 }
 
+/// Deletes every row of `consumer` from the inbox: from each day's table, attached or not (a
+/// day a stopped prune left detached comes back with its rows at the next prune otherwise),
+/// and from the inbox before V0009, in slices of a short transaction each (by `ctid`, within
+/// one table, where a `ctid` names one row), each slice under [`DDL_LOCK`] so that no prune
+/// drops the table under it. Returns the rows deleted.
+pub async fn delete_consumer(
+    client: &mut deadpool_postgres::Client,
+    consumer: &str,
+) -> Result<u64, tokio_postgres::Error> {
+    let mut tables: Vec<String> = partitions(&*client)
+        .await?
+        .into_iter()
+        .map(|p| partition_name(p.day))
+        .collect();
+    tables.push("inbox_legacy".to_owned());
+    let mut deleted = 0;
+    for table in tables {
+        let statement = format!(
+            "DELETE FROM projector.{table} WHERE ctid = ANY(ARRAY( \
+                 SELECT ctid FROM projector.{table} WHERE consumer = $1 LIMIT 10000))"
+        );
+        loop {
+            let tx = client.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&DDL_LOCK])
+                .await?;
+            // A prune may have dropped the day since the list was read.
+            let exists: bool = tx
+                .query_one(
+                    "SELECT to_regclass('projector.' || $1) IS NOT NULL",
+                    &[&table],
+                )
+                .await?
+                .get(0);
+            if !exists {
+                break;
+            }
+            let n = tx.execute(&statement, &[&consumer]).await?;
+            tx.commit().await?;
+            deleted += n;
+            if n == 0 {
+                break;
+            }
+        }
+    }
+    Ok(deleted)
+}
+
 /// Whether a database error is an insert into `projector.inbox` that found no partition for
 /// its day: a prune dropped a day this process thought attached. The batch is retried (the
 /// event is not at fault) and the process reads the catalog again.

@@ -324,25 +324,9 @@ async fn drop_taken(client: &mut Client, view: &Arc<dyn Projection>) -> Result<(
             .await
             .map_err(db("dropping the version's tables"))?;
     }
-    // In slices, each a short transaction. A row's ctid is unique only within its table, and
-    // the inbox is one table a day: a row is (tableoid, ctid), and the consumer is checked
-    // again. The inbox before V0009 (one table) the same way.
-    for statement in [
-        "DELETE FROM projector.inbox WHERE consumer = $1 AND (tableoid, ctid) IN ( \
-             SELECT tableoid, ctid FROM projector.inbox WHERE consumer = $1 LIMIT 10000)",
-        "DELETE FROM projector.inbox_legacy WHERE consumer = $1 AND ctid = ANY(ARRAY( \
-             SELECT ctid FROM projector.inbox_legacy WHERE consumer = $1 LIMIT 10000))",
-    ] {
-        loop {
-            let deleted = client
-                .execute(statement, &[&consumer])
-                .await
-                .map_err(db("deleting the version's inbox rows"))?;
-            if deleted == 0 {
-                break;
-            }
-        }
-    }
+    projector_engine::inbox::delete_consumer(client, &consumer)
+        .await
+        .map_err(db("deleting the version's inbox rows"))?;
     client
         .execute(
             "WITH o AS (DELETE FROM projector.offsets WHERE consumer = $1), \

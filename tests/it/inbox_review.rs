@@ -259,7 +259,6 @@ async fn inbox_rows(client: &deadpool_postgres::Client, consumer: &str) -> i64 {
 /// sit at the same place in their own table, and with them their dedup. The layout refuses
 /// such a delete as it refuses such a binary's insert: every other consumer keeps its rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: a ctid names a row within one day table; an old binary deletes other consumers' rows in other days"]
 async fn a_binary_from_before_the_layout_cannot_delete_another_consumers_inbox_rows() {
     let db = TestDb::new(&Registry::new()).await;
     let client = db.client().await;
@@ -323,7 +322,6 @@ async fn a_binary_from_before_the_layout_cannot_delete_another_consumers_inbox_r
 /// row in the inbox (none to make a rebuild under its number skip an event, none to hold a day
 /// for ever for a consumer that will never commit again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: drop_version deletes only from attached days; a detached day comes back with the dropped version's rows"]
 async fn a_dropped_version_has_no_rows_in_a_day_a_stopped_prune_left_detached() {
     use projector_engine::ops::{clock, prune};
     let registry = Registry::new().register(Trail::new(1)).expect("registry");

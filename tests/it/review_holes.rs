@@ -851,7 +851,7 @@ async fn search_random_failures_and_redeliveries() {
         }
         client
             .batch_execute(
-                "TRUNCATE journal_v1, projector.inbox, projector.offsets, projector.account_progress, \
+                "SET projector.inbox_layout = 'days'; TRUNCATE journal_v1, projector.inbox, projector.offsets, projector.account_progress, \
                  projector.dead_letters, projector.parked_accounts, projector.waiting_events",
             )
             .await

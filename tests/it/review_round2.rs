@@ -226,7 +226,8 @@ fn interleave(rng: &mut Lcg, mut per_account: Vec<Vec<EventSpec>>, log: &mut Par
     }
 }
 
-const FORGET: &str = "DELETE FROM projector.inbox WHERE consumer = 'portfolio_v1';
+const FORGET: &str = "SET projector.inbox_layout = 'days'; \
+     DELETE FROM projector.inbox WHERE consumer = 'portfolio_v1';
      DELETE FROM projector.account_progress WHERE consumer = 'portfolio_v1';
      DELETE FROM projector.offsets WHERE consumer = 'portfolio_v1';";
 

@@ -692,7 +692,7 @@ async fn portfolio_is_exact_under_duplicates_and_the_version_filter_backs_up_the
     // and replay everything. Only the version filter is left, and every trade must fall to it.
     client
         .batch_execute(
-            "DELETE FROM projector.inbox WHERE consumer = 'portfolio_v1';
+            "SET projector.inbox_layout = 'days'; DELETE FROM projector.inbox WHERE consumer = 'portfolio_v1';
              DELETE FROM projector.account_progress WHERE consumer = 'portfolio_v1';
              DELETE FROM projector.offsets WHERE consumer = 'portfolio_v1';",
         )
