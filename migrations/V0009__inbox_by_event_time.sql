@@ -84,6 +84,12 @@ CREATE TABLE projector.inbox_late_writes (
     PRIMARY KEY (day, consumer, topic, partition)
 );
 
+-- The time of the event that holds last_seq, beside its id: the account's last event is
+-- known by both, as the inbox knows an event, so a copy of it is told from its id stamped with
+-- another time without the inbox (whose day retention may have dropped). NULL for rows written
+-- before: the inbox is asked then.
+ALTER TABLE projector.account_progress ADD COLUMN last_occurred_at timestamptz;
+
 -- Events whose occurred_at lies outside the retained window (older than it, or further ahead
 -- of the server's clock than a day), counted per partition with the other exact counters.
 ALTER TABLE projector.offsets ADD COLUMN outside_window bigint NOT NULL DEFAULT 0;

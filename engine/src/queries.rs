@@ -61,7 +61,8 @@ pub const LOCK_ACCOUNTS: &str = "SELECT p.account_id FROM projector.account_prog
 /// order-dependent view (a fresh snapshot, taken once the locks are held), alone for an
 /// order-independent one, which reads only the rebuild watermark and never parks.
 pub const READ_ACCOUNTS: &str =
-    "SELECT a.account_id, p.last_seq, p.last_event_id, p.watermark_seq, k.blocked_seq, p.emit_after_seq \
+    "SELECT a.account_id, p.last_seq, p.last_event_id, p.watermark_seq, k.blocked_seq, p.emit_after_seq, \
+            p.last_occurred_at \
      FROM unnest($2::bigint[]) AS a(account_id) \
      LEFT JOIN projector.account_progress p ON p.consumer = $1 AND p.account_id = a.account_id \
      LEFT JOIN projector.parked_accounts k ON k.consumer = $1 AND k.account_id = a.account_id";
@@ -117,8 +118,8 @@ pub const IN_INBOX: &str = "SELECT i.event_id::text, i.occurred_at FROM projecto
 /// event that holds it, so a later event claiming the same `seq` is named in its conflict.
 /// Progress never goes backwards.
 pub const SAVE_PROGRESS: &str = "UPDATE projector.account_progress p \
-     SET last_seq = x.s, last_event_id = x.e, updated_at = now() \
-     FROM unnest($2::bigint[], $3::bigint[], $4::text[]) AS x(a, s, e) \
+     SET last_seq = x.s, last_event_id = x.e, last_occurred_at = x.t, updated_at = now() \
+     FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::timestamptz[]) AS x(a, s, e, t) \
      WHERE p.consumer = $1 AND p.account_id = x.a AND p.last_seq <= x.s";
 
 /// Dead letters, with the raw bytes. A message is dead-lettered once per view version: when

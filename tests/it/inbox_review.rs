@@ -386,7 +386,6 @@ async fn a_dropped_version_has_no_rows_in_a_day_a_stopped_prune_left_detached() 
 /// was before the layout; never a conflict dead letter blaming the write side for a time it
 /// did not change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: the last event is now looked up in the inbox by id and time; once its day is dropped an exact copy is a conflict"]
 async fn a_copy_of_an_accounts_last_event_after_its_day_was_dropped_is_a_duplicate() {
     let registry = Registry::new().register(Trail::new(1)).expect("registry");
     let db = TestDb::new(&registry).await;

@@ -2,6 +2,7 @@
 //! waiting events, parked accounts, per-account progress, and the fenced offset update with
 //! the batch's counts. All of it goes out in one pipeline.
 
+use chrono::{DateTime, Utc};
 use deadpool_postgres::Transaction;
 
 use crate::apply::plan::{Decoded, Source, Work};
@@ -189,8 +190,13 @@ struct Rows<'a> {
     /// The (account, seq, event id) of every event this batch applied: open dead letters of
     /// the same event at that seq are superseded.
     superseded: (Vec<i64>, Vec<i64>, Vec<&'a str>),
-    /// Accounts whose `last_seq` moved: (account, last seq, event holding it).
-    progress: (Vec<i64>, Vec<i64>, Vec<Option<&'a str>>),
+    /// Accounts whose `last_seq` moved: (account, last seq, event holding it, its time).
+    progress: (
+        Vec<i64>,
+        Vec<i64>,
+        Vec<Option<&'a str>>,
+        Vec<Option<DateTime<Utc>>>,
+    ),
 }
 
 fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
@@ -315,7 +321,9 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
         if track_seq && acc.plan.last_seq != acc.initial.last_seq {
             rows.progress.0.push(acc.account_id);
             rows.progress.1.push(acc.plan.last_seq);
-            rows.progress.2.push(work.last_event_id(acc));
+            let (id, at) = work.last_event(acc).unzip();
+            rows.progress.2.push(id);
+            rows.progress.3.push(at.flatten());
         }
     }
     rows
@@ -463,7 +471,13 @@ impl Applier {
             }
             tx.execute(
                 &save,
-                &[c, &rows.progress.0, &rows.progress.1, &rows.progress.2],
+                &[
+                    c,
+                    &rows.progress.0,
+                    &rows.progress.1,
+                    &rows.progress.2,
+                    &rows.progress.3,
+                ],
             )
             .await
         };

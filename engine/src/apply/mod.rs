@@ -888,6 +888,7 @@ impl Applier {
                     AccountState {
                         last_seq: row.get::<_, Option<i64>>(1).unwrap_or(0),
                         last_event_id: row.get(2),
+                        last_occurred_at: row.get(6),
                         watermark: row.get(3),
                         blocked: row.get(4),
                         emit_after: row.get(5),

@@ -109,6 +109,8 @@ pub(crate) struct AccountState {
     pub last_seq: i64,
     /// The event that holds `last_seq`, when known.
     pub last_event_id: Option<String>,
+    /// Its `occurred_at`, when known (rows written since V0009).
+    pub last_occurred_at: Option<DateTime<Utc>>,
     pub watermark: Option<i64>,
     /// The `seq` the account is parked at, if it is.
     pub blocked: Option<i64>,
@@ -525,7 +527,17 @@ impl<'b> Work<'b> {
                 let Some(ev) = self.decoded[i].event() else {
                     continue;
                 };
-                if self.decoded[i].is_subscribed() {
+                // The account's last event is known by its id and, since V0009, its time:
+                // judged without the inbox, whose day retention may have dropped. Known by
+                // its id alone (a row from before), the inbox tells a copy from the same id
+                // stamped with another time; another id is a conflict whatever the time.
+                let settled = ev.seq == acc.initial.last_seq
+                    && match (&acc.initial.last_event_id, acc.initial.last_occurred_at) {
+                        (Some(_), Some(_)) => true,
+                        (Some(id), None) => *id != ev.event_id,
+                        (None, _) => false,
+                    };
+                if !settled && self.decoded[i].is_subscribed() {
                     ids.push((ev.event_id.as_str(), ev.occurred_at));
                 }
             }
@@ -556,7 +568,8 @@ impl<'b> Work<'b> {
                 let key = (ev.event_id.clone(), ev.occurred_at);
                 let last = (ev.seq == acc.initial.last_seq)
                     .then_some(acc.initial.last_event_id.as_deref())
-                    .flatten();
+                    .flatten()
+                    .map(|id| (id, acc.initial.last_occurred_at));
                 let same = |id: &str, at: Option<DateTime<Utc>>| match at {
                     _ if id != ev.event_id => Holder::Other(id.to_owned()),
                     Some(at) if at != ev.occurred_at => Holder::Restamped(Some(at)),
@@ -571,11 +584,11 @@ impl<'b> Work<'b> {
                         (true, _) => Holder::Same,
                         // Not in the inbox, so another event: named when it is the account's
                         // last; under the same id, its time is what differs.
-                        (false, Some(id)) if id == ev.event_id => Holder::Restamped(None),
-                        (false, Some(id)) => Holder::Other(id.to_owned()),
+                        (false, Some((id, _))) if id == ev.event_id => Holder::Restamped(None),
+                        (false, Some((id, _))) => Holder::Other(id.to_owned()),
                         (false, None) => Holder::Unknown,
                     },
-                    None => last.map_or(Holder::Nothing, |id| same(id, None)),
+                    None => last.map_or(Holder::Nothing, |(id, at)| same(id, at)),
                 };
                 let error = match holder {
                     Holder::Other(id) => format!(
@@ -812,8 +825,12 @@ impl<'b> Work<'b> {
         out
     }
 
-    /// The event that holds `last_seq` once the batch commits, for the progress row.
-    pub(crate) fn last_event_id<'s>(&'s self, acc: &'s AccountWork) -> Option<&'s str> {
+    /// The event that holds `last_seq` once the batch commits, for the progress row: its id
+    /// and, when known, its `occurred_at`.
+    pub(crate) fn last_event<'s>(
+        &'s self,
+        acc: &'s AccountWork,
+    ) -> Option<(&'s str, Option<DateTime<Utc>>)> {
         // After a failure the emitted list ends with the failed event; the holder of
         // last_seq is the emitted event at that seq, if this batch applied it.
         let failed: HashSet<usize> = acc.failures.iter().map(|(k, _)| *k).collect();
@@ -825,10 +842,14 @@ impl<'b> Work<'b> {
             .rev()
             .find(|(k, (seq, _))| *seq == acc.plan.last_seq && !failed.contains(k));
         match here {
-            Some((_, &(_, item))) => self.event(item).map(|e| e.event_id.as_str()),
-            None if acc.plan.last_seq == acc.initial.last_seq => {
-                acc.initial.last_event_id.as_deref()
-            }
+            Some((_, &(_, item))) => self
+                .event(item)
+                .map(|e| (e.event_id.as_str(), Some(e.occurred_at))),
+            None if acc.plan.last_seq == acc.initial.last_seq => acc
+                .initial
+                .last_event_id
+                .as_deref()
+                .map(|id| (id, acc.initial.last_occurred_at)),
             None => None,
         }
     }

@@ -466,7 +466,7 @@ impl Applier {
             });
         }
         tx.execute(
-            "UPDATE projector.account_progress SET last_seq = $3, last_event_id = NULL, updated_at = now() \
+            "UPDATE projector.account_progress SET last_seq = $3, last_event_id = NULL, last_occurred_at = NULL, updated_at = now() \
              WHERE consumer = $1 AND account_id = $2",
             &[&self.consumer, &account, &seq],
         )
