@@ -71,6 +71,11 @@ $$;
 CREATE TRIGGER inbox_layout_guard BEFORE DELETE OR UPDATE OR TRUNCATE ON projector.inbox
     FOR EACH STATEMENT EXECUTE FUNCTION projector.inbox_layout_guard();
 
+-- An older binary's `status` counts the inbox row by row when its parent's reltuples says it
+-- was never analyzed: analyzed once here (a partitioned parent is never analyzed by autovacuum),
+-- it reads a figure instead of scanning every day.
+ANALYZE projector.inbox;
+
 -- Writes into a day that has already ended (a late event, a rebuild replaying old days): one
 -- row per day, consumer and Kafka partition (so two workers never wait on one row), written in
 -- the batch's transaction. Retention keeps a day until every consumer's clock is a window past
@@ -89,6 +94,15 @@ CREATE TABLE projector.inbox_late_writes (
 -- another time without the inbox (whose day retention may have dropped). NULL for rows written
 -- before: the inbox is asked then.
 ALTER TABLE projector.account_progress ADD COLUMN last_occurred_at timestamptz;
+
+-- The first day of the retained window: set to the day before the first `migrate` made days
+-- ahead, and moved forward by `projector inbox prune` past every day it drops. An event on an
+-- earlier day is outside the window (counted below): a day made for it later by a batch does
+-- not bring it in.
+CREATE TABLE projector.inbox_retention (
+    one            boolean PRIMARY KEY DEFAULT true CHECK (one),
+    retained_from  date    NOT NULL
+);
 
 -- Events whose occurred_at lies outside the retained window (older than it, or further ahead
 -- of the server's clock than a day), counted per partition with the other exact counters.

@@ -239,9 +239,10 @@ pub(crate) async fn finalize_detach(
         .await
 }
 
-/// The days a process knows to be attached: checked by every batch in memory, read again
-/// from the catalog only when a batch needs a day it does not know (or after an insert found
-/// no partition: a prune dropped one). Shared by every view and worker of a process.
+/// The days a view version's applier knows to be attached: checked by every batch in memory,
+/// read again from the catalog only when a batch needs a day it does not know (or after an
+/// insert found no partition: a prune dropped one). One per `Applier`, shared by the workers
+/// of its partitions.
 #[derive(Debug, Clone, Default)]
 pub struct Days {
     known: Arc<Mutex<Known>>,
@@ -250,6 +251,8 @@ pub struct Days {
 #[derive(Debug, Default)]
 struct Known {
     days: BTreeSet<NaiveDate>,
+    /// The first day of the retained window (`projector.inbox_retention`).
+    retained_from: Option<NaiveDate>,
     loaded: bool,
 }
 
@@ -276,19 +279,13 @@ impl Days {
         known.days.first().copied().filter(|_| known.loaded)
     }
 
-    /// The first day of the retained window: the oldest day of the unbroken run of attached
-    /// days that holds `today` (retention drops the oldest days of that run; days made on
-    /// demand for older events stand apart from it). `None` when today has no partition.
-    pub fn window_start(&self, today: NaiveDate) -> Option<NaiveDate> {
+    /// The first day of the retained window (`projector.inbox_retention`): the day before the
+    /// first days were made ahead, moved forward by every prune past the days it drops. An
+    /// event before it is outside the window, whether or not a batch made its day since.
+    /// `None` until read.
+    pub fn window_start(&self) -> Option<NaiveDate> {
         let known = self.lock();
-        if !known.loaded || !known.days.contains(&today) {
-            return None;
-        }
-        let mut start = today;
-        while let Some(before) = start.pred_opt().filter(|d| known.days.contains(d)) {
-            start = before;
-        }
-        Some(start)
+        known.retained_from.filter(|_| known.loaded)
     }
 
     /// Forgets what it knew: the next batch reads the catalog again.
@@ -298,9 +295,10 @@ impl Days {
         known.days.clear();
     }
 
-    fn learn(&self, days: BTreeSet<NaiveDate>) {
+    fn learn(&self, days: BTreeSet<NaiveDate>, retained_from: Option<NaiveDate>) {
         let mut known = self.lock();
         known.days = days;
+        known.retained_from = retained_from;
         known.loaded = true;
     }
 
@@ -317,7 +315,7 @@ impl Days {
         }
         let attached = attached_days(client).await?;
         let missing = days.difference(&attached).copied().collect();
-        self.learn(attached);
+        self.learn(attached, retained_from(client).await?);
         Ok(missing)
     }
 
@@ -354,9 +352,37 @@ impl Days {
     /// Reads the attached days from the catalog.
     pub async fn load(&self, client: &impl GenericClient) -> Result<(), tokio_postgres::Error> {
         let attached = attached_days(client).await?;
-        self.learn(attached);
+        self.learn(attached, retained_from(client).await?);
         Ok(())
     }
+}
+
+/// The first day of the retained window, `None` before any day was made.
+async fn retained_from(
+    client: &impl GenericClient,
+) -> Result<Option<NaiveDate>, tokio_postgres::Error> {
+    Ok(client
+        .query_opt("SELECT retained_from FROM projector.inbox_retention", &[])
+        .await?
+        .map(|r| r.get(0)))
+}
+
+/// Moves the first day of the retained window past `dropped` (a day a prune dropped), never
+/// back.
+pub(crate) async fn retain_from_after(
+    client: &impl GenericClient,
+    dropped: NaiveDate,
+) -> Result<(), tokio_postgres::Error> {
+    let next = dropped.succ_opt().unwrap_or(dropped);
+    client
+        .execute(
+            "INSERT INTO projector.inbox_retention (retained_from) VALUES ($1) \
+             ON CONFLICT (one) DO UPDATE \
+             SET retained_from = greatest(projector.inbox_retention.retained_from, EXCLUDED.retained_from)",
+            &[&next],
+        )
+        .await
+        .map(drop)
 }
 
 /// How far ahead the inbox's partitions reach.
@@ -377,13 +403,24 @@ impl Horizon {
 
 /// Makes every day from yesterday to [`AHEAD_DAYS`] ahead of `now` that has no partition, one
 /// day per transaction, each under [`DDL_LOCK`] with a short lock timeout (another process may
-/// be making the same days; a prune's detach may hold the table), and finishes detaches left
-/// pending. Returns how far the partitions reach.
+/// be making the same days; a prune's detach may hold the table); a day of these a stopped
+/// prune left detached or detach-pending is attached again. Returns how far the partitions
+/// reach.
 pub async fn ensure_ahead(
     client: &mut deadpool_postgres::Client,
     now: DateTime<Utc>,
 ) -> Result<Horizon, tokio_postgres::Error> {
     let today = day_of(now);
+    // The window starts at the first day ever made ahead; never moved here after that.
+    if let Some(first) = today.pred_opt() {
+        client
+            .execute(
+                "INSERT INTO projector.inbox_retention (retained_from) VALUES ($1) \
+                 ON CONFLICT (one) DO NOTHING",
+                &[&first],
+            )
+            .await?;
+    }
     let mut made = 0;
     for offset in -1..=AHEAD_DAYS {
         let Some(day) = today.checked_add_signed(chrono::Duration::days(offset)) else {
@@ -577,13 +614,14 @@ mod tests {
         let days = Days::new();
         let d = NaiveDate::from_ymd_opt(2026, 12, 2).expect("a date");
         assert!(!days.covers(&BTreeSet::from([d])));
-        days.learn(BTreeSet::from([d]));
+        days.learn(BTreeSet::from([d]), Some(d));
         assert!(days.covers(&BTreeSet::from([d])));
         assert!(!days.covers(&BTreeSet::from([d.succ_opt().expect("a date")])));
         assert_eq!(days.oldest(), Some(d));
-        assert_eq!(days.window_start(d), Some(d));
+        assert_eq!(days.window_start(), Some(d));
         days.forget();
         assert!(!days.covers(&BTreeSet::from([d])));
         assert_eq!(days.oldest(), None);
+        assert_eq!(days.window_start(), None);
     }
 }

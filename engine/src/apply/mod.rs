@@ -58,6 +58,10 @@ pub(crate) use rounds::describe_db_error;
 pub use rounds::{compose_statement, compose_statement_with, InboxGuard};
 pub use types::{ApplyError, Batch, BatchOutcome, Counts, Disposition};
 
+/// How long a consumer's rows in the inbox before V0009 are taken to be there before it is
+/// asked again.
+const LEGACY_ASK_AGAIN: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// [`Applier::legacy`]: not asked yet.
 const LEGACY_UNKNOWN: u8 = 0;
 /// [`Applier::legacy`]: the consumer has rows in `projector.inbox_legacy`.
@@ -157,7 +161,9 @@ pub struct Applier {
     /// no new rows. While it does, every statement is `legacy_statement` and the fast path's
     /// plain insert, which cannot see those rows, is never tried.
     legacy: AtomicU8,
-    /// The inbox's days this process knows to be attached (`crate::inbox`).
+    /// When `legacy` was last asked.
+    legacy_asked: std::sync::Mutex<Instant>,
+    /// The inbox's days this applier knows to be attached (`crate::inbox`).
     days: inbox::Days,
     /// A hint shared by the workers of every partition: the last batch met ids the inbox
     /// had, so the next goes straight to `statement` instead of paying a failed first try;
@@ -232,6 +238,7 @@ impl Applier {
             } else {
                 LEGACY_NONE
             }),
+            legacy_asked: std::sync::Mutex::new(Instant::now()),
             days: inbox::Days::new(),
             expect_duplicates: AtomicBool::new(false),
             subscribes: projection
@@ -296,9 +303,21 @@ impl Applier {
         client: &impl deadpool_postgres::GenericClient,
     ) -> Result<bool, ApplyError> {
         match self.legacy.load(Ordering::Relaxed) {
-            LEGACY_ROWS => return Ok(true),
+            // Asked again now and then: `inbox prune` empties the table once no clock needs
+            // it, and the fast path's plain insert comes back with that.
+            LEGACY_ROWS
+                if self
+                    .legacy_asked
+                    .lock()
+                    .map_or(true, |at| at.elapsed() < LEGACY_ASK_AGAIN) =>
+            {
+                return Ok(true)
+            }
             LEGACY_NONE => return Ok(false),
             _ => {}
+        }
+        if let Ok(mut at) = self.legacy_asked.lock() {
+            *at = Instant::now();
         }
         let rows = inbox::has_legacy_rows(client, &self.consumer)
             .await

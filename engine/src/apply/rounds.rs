@@ -283,7 +283,6 @@ impl Applier {
         }
         self.legacy_rows(tx).await?;
         let now = Utc::now();
-        let today = inbox::day_of(now);
         let ahead = now + inbox::FUTURE_BOUND;
         let mut days = std::collections::BTreeSet::new();
         let mut far_ahead = 0u64;
@@ -306,7 +305,7 @@ impl Applier {
         }
         // Older than the retained window: retention has left such days behind, or never kept
         // them (a rebuild replaying old days).
-        let behind = self.days.window_start(today).map_or(0, |start| {
+        let behind = self.days.window_start().map_or(0, |start| {
             rounds
                 .iter()
                 .flatten()
@@ -315,7 +314,14 @@ impl Applier {
                 .count() as u64
         });
         work.counts.outside_window += behind + far_ahead;
-        let late: Vec<chrono::NaiveDate> = days.into_iter().filter(|d| *d < today).collect();
+        // A day that has ended, or ends within five minutes by this process's clock: the
+        // margin covers a clock behind PostgreSQL's, whose midnight decides which writes come
+        // late; a mark too many only keeps a day a few minutes longer.
+        let soon = now + chrono::Duration::minutes(5);
+        let late: Vec<chrono::NaiveDate> = days
+            .into_iter()
+            .filter(|d| inbox::bounds(*d).1 <= soon)
+            .collect();
         inbox::mark_late_in(tx, &self.consumer, work.topic, work.partition, &late)
             .await
             .map_err(self.db("recording late writes into the inbox"))

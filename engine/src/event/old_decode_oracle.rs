@@ -80,8 +80,8 @@ fn old_decode_envelope(message: &Message) -> Result<Event, DecodeError> {
         .with_timezone(&Utc);
     // Since V0009 the decode keeps occurred_at to the microsecond, as PostgreSQL does (the
     // inbox is keyed by it): an intended change, made here too.
-    let occurred_at = DateTime::from_timestamp_micros(occurred_at.timestamp_micros())
-        .unwrap_or(occurred_at);
+    let occurred_at =
+        DateTime::from_timestamp_micros(occurred_at.timestamp_micros()).unwrap_or(occurred_at);
     if !(1..=9999).contains(&occurred_at.year()) {
         return Err(field(
             "occurred_at",

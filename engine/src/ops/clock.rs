@@ -370,8 +370,8 @@ pub async fn facts(client: &Client) -> Result<Vec<Facts>, OpsError> {
     Ok(out)
 }
 
-/// The consumers whose rebuild is paused now: asked again before every batch of deletes, so a
-/// pause that comes while a prune runs keeps the rest of that consumer's rows.
+/// The consumers whose rebuild is paused now: asked again before every day a prune judges, so
+/// a pause that comes while a prune runs keeps the rest of that consumer's days.
 pub async fn paused(client: &Client) -> Result<BTreeSet<String>, OpsError> {
     Ok(client
         .query(

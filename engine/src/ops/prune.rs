@@ -37,7 +37,8 @@ use crate::inbox::{self, Attachment, Partition};
 /// How retention runs.
 #[derive(Debug, Clone)]
 pub struct PruneOptions {
-    /// Rows applied longer than this before their consumer's clock go.
+    /// Days that ended longer than this before the clock of every consumer with rows in them
+    /// go.
     pub older_than: Duration,
     /// The shortest window allowed: the broker's retention plus the time dead letters may
     /// wait to be replayed. An event can be redelivered for that long; its inbox row must
@@ -283,6 +284,13 @@ pub async fn prune_inbox(
         .iter()
         .map(|c| (c.consumer.clone(), c.clock.clone()))
         .collect();
+    // A detach waits for every transaction that holds a lock on the inbox (a batch: a moment;
+    // a report or a dump: as long as it runs); interrupted by a statement timeout it would
+    // leave the day detach-pending. Retention is an operator's command: it waits.
+    client
+        .batch_execute("SET statement_timeout = 0")
+        .await
+        .map_err(pg("lifting the statement timeout for the prune"))?;
     let now: DateTime<Utc> = client
         .query_one("SELECT now()", &[])
         .await
@@ -444,6 +452,9 @@ async fn prune_day(
     )
     .await
     .map_err(pg("forgetting a dropped day's late writes"))?;
+    inbox::retain_from_after(&tx, day)
+        .await
+        .map_err(pg("moving the retained window past a dropped day"))?;
     tx.commit().await.map_err(pg("dropping a day"))?;
     Ok(DayOutcome::Dropped {
         rows_estimate: partition.rows_estimate,
