@@ -191,13 +191,16 @@ struct Rows<'a> {
     /// the same event at that seq are superseded.
     superseded: (Vec<i64>, Vec<i64>, Vec<&'a str>),
     /// Accounts whose `last_seq` moved: (account, last seq, event holding it, its time).
-    progress: (
-        Vec<i64>,
-        Vec<i64>,
-        Vec<Option<&'a str>>,
-        Vec<Option<DateTime<Utc>>>,
-    ),
+    progress: Progress<'a>,
 }
+
+/// The columns of [`queries::SAVE_PROGRESS`].
+type Progress<'a> = (
+    Vec<i64>,
+    Vec<i64>,
+    Vec<Option<&'a str>>,
+    Vec<Option<DateTime<Utc>>>,
+);
 
 fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
     let mut rows = Rows::default();
