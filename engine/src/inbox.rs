@@ -595,21 +595,6 @@ mod tests {
     }
 
     #[test]
-    fn the_window_is_the_unbroken_run_of_days_that_holds_today() {
-        let day = |d: u32| NaiveDate::from_ymd_opt(2026, 12, d).expect("a date");
-        let days = Days::new();
-        // Made on demand for an old event: the 1st. Retained: the 5th to the 12th.
-        days.learn(
-            [1, 5, 6, 7, 8, 9, 10, 11, 12]
-                .into_iter()
-                .map(day)
-                .collect(),
-        );
-        assert_eq!(days.window_start(day(9)), Some(day(5)));
-        assert_eq!(days.window_start(day(3)), None);
-    }
-
-    #[test]
     fn a_set_of_days_covers_nothing_until_it_was_read() {
         let days = Days::new();
         let d = NaiveDate::from_ymd_opt(2026, 12, 2).expect("a date");
