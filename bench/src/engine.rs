@@ -88,6 +88,15 @@ impl Watch {
         .await
     }
 
+    /// Waits until the consumers have committed `events` events in all: a paced feed is
+    /// in its steady state.
+    pub async fn committed_at_least(&self, events: i64) -> Result<(), BenchError> {
+        self.wait(&format!("{events} events to be visible"), |s| {
+            s.committed.values().sum::<i64>() >= events
+        })
+        .await
+    }
+
     async fn wait(&self, what: &str, done: impl Fn(&State) -> bool) -> Result<(), BenchError> {
         let deadline = tokio::time::Instant::now() + PHASE_TIMEOUT;
         loop {

@@ -54,6 +54,9 @@ pub enum BenchError {
     /// The rebuild phase's rebuild failed.
     #[error(transparent)]
     Rebuild(#[from] projector_rebuild::RebuildError),
+    /// The prune phase's prune failed.
+    #[error(transparent)]
+    Ops(#[from] projector_engine::ops::OpsError),
     /// A task of the bench panicked or was cancelled.
     #[error(transparent)]
     Task(#[from] tokio::task::JoinError),

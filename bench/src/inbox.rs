@@ -29,7 +29,7 @@ const SLICE: u64 = 1_000_000;
 /// `COPY`s at once.
 const STREAMS: usize = 2;
 /// The age of the oldest row.
-const WINDOW: Duration = Duration::from_secs(7 * 86_400);
+pub(crate) const WINDOW: Duration = Duration::from_secs(7 * 86_400);
 
 /// The ids of one account's rows, in byte order.
 fn ids(account: i64, count: u64) -> Vec<String> {

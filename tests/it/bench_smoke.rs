@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use rust_decimal::Decimal;
 
-const KEYS: [&str; 14] = [
+const KEYS: [&str; 16] = [
     "naive_eps",
     "engine_eps",
     "engine_all_views_eps",
@@ -22,6 +22,8 @@ const KEYS: [&str; 14] = [
     "rebuild_eps",
     "rebuild_over_ceiling",
     "rebuild_live_p99_ms",
+    "prune_ms",
+    "prune_live_p99_ms",
 ];
 
 #[test]
@@ -88,6 +90,16 @@ fn the_bench_reports_every_figure_as_json() {
     assert!(
         json["rebuild_live_events"].as_u64().is_some_and(|n| n > 0),
         "no live event was published while the rebuild ran: {json}"
+    );
+    // The filler's oldest day (a seventh of its rows) was dropped while the
+    // feed ran.
+    assert!(
+        json["prune_rows"].as_u64().is_some_and(|n| n > 0),
+        "the prune dropped no rows: {json}"
+    );
+    assert!(
+        json["prune_live_events"].as_u64().is_some_and(|n| n > 0),
+        "no live event was published while the prune ran: {json}"
     );
     // The server this runs on is PostgreSQL 14 or later (pg_stat_wal): the full-page image
     // counts are there, and the settings they depend on are named.
