@@ -189,6 +189,10 @@ pub struct RunArgs {
     /// Do not apply migrations at start.
     #[arg(long)]
     pub no_migrate: bool,
+    /// Do not ring the read-your-writes bells after each batch: readers waiting in
+    /// `projector.wait_applied` then check every 50 ms (docs/consistency.md).
+    #[arg(long)]
+    pub no_notify: bool,
     /// Serve Prometheus metrics at /metrics and the health check at /health here;
     /// `off` to serve nothing. [default: 127.0.0.1:9187]
     #[arg(long, value_parser = parse_metrics_addr)]

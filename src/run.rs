@@ -22,6 +22,7 @@ pub async fn run(
     let shutdown = CancellationToken::new();
     let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
     let no_migrate = args.no_migrate;
+    let notify = !args.no_notify;
     let config = resolve(args, database_url)?;
     let views = registry.select(&config.views)?;
     // Before any view starts: the engine's counters register with the recorder installed
@@ -84,6 +85,7 @@ pub async fn run(
         names,
         owner: config.kafka.instance_id.clone(),
         local: Some(local),
+        notify,
         ..LiveOptions::default()
     };
     // Kafka with key = account id delivers each account's events in order through one

@@ -44,6 +44,9 @@ pub struct Watch {
     log: bool,
     state: Mutex<State>,
     changed: Notify,
+    /// Told the index of every line the feed hands to the producer, and when (the
+    /// read-your-writes phase's readers).
+    sent: Mutex<Option<tokio::sync::mpsc::UnboundedSender<(usize, Instant)>>>,
 }
 
 impl Watch {
@@ -55,7 +58,24 @@ impl Watch {
             log,
             state: Mutex::new(State::default()),
             changed: Notify::new(),
+            sent: Mutex::new(None),
         })
+    }
+
+    /// Tells `to` of every line the feed sends from now on: its index and when.
+    pub fn tell_sent(&self, to: tokio::sync::mpsc::UnboundedSender<(usize, Instant)>) {
+        *self.sent.lock().unwrap_or_else(|p| p.into_inner()) = Some(to);
+    }
+
+    /// Stops telling (the receiver then sees the end).
+    pub fn stop_telling(&self) {
+        *self.sent.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    fn sent(&self, index: usize, at: Instant) {
+        if let Some(to) = &*self.sent.lock().unwrap_or_else(|p| p.into_inner()) {
+            let _ = to.send((index, at));
+        }
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
@@ -422,6 +442,9 @@ async fn feed(
                     let Some(record) = records.next() else { break };
                     send(&producer, &topic, &record, &mut sent_at).await?;
                     done += 1;
+                    if let Some(&at) = sent_at.last() {
+                        watch.sent(done, at);
+                    }
                 }
             }
         }

@@ -39,6 +39,9 @@ pub enum BenchError {
     /// A view was refused.
     #[error(transparent)]
     View(#[from] ViewError),
+    /// A reader's `projector.wait_applied` failed.
+    #[error(transparent)]
+    Wait(#[from] projector_engine::WaitError),
     /// Migrating the scratch database failed.
     #[error(transparent)]
     Schema(#[from] SchemaError),

@@ -67,10 +67,11 @@ use projector_devkit::devbroker::{read_topic, DevBroker};
 use projector_devkit::partitioner::partition_for_account;
 use projector_engine::db::url_for_database;
 use projector_engine::kafka::source::KafkaConfig;
-use projector_engine::{Applier, Projection, Registry, SourceOrdering};
+use projector_engine::{Applied, Applier, Bell, Projection, Registry, SourceOrdering};
 use projector_views::{Eod, Portfolio, Risk};
 use serde::Serialize;
 use serde_json::value::RawValue;
+use tokio_util::sync::CancellationToken;
 
 pub use error::BenchError;
 
@@ -87,6 +88,9 @@ const TOPIC_CEILING_ALL: &str = "bench_ceiling_all";
 const TOPIC_REBUILD_LIVE: &str = "bench_rebuild_live";
 const TOPIC_FULL_INBOX: &str = "bench_full_inbox";
 const TOPIC_PRUNE_LIVE: &str = "bench_prune_live";
+const TOPIC_RYW: &str = "bench_ryw";
+/// The longest a reader of the read-your-writes phase waits for its write.
+const PHASE_WAIT: Duration = Duration::from_secs(60);
 
 // View versions, one per phase and round: every phase starts from empty tables and offsets.
 // Rounds add 0, 1, ... to the bases of the repeated phases.
@@ -105,7 +109,11 @@ const V_REBUILD_LIVE: i32 = 6;
 const V_REBUILD_LOADED: i32 = 7;
 /// The live version fed while a day of the full inbox is pruned.
 const V_PRUNE_LIVE: i32 = 8;
+/// Read-your-writes: the latency phase's feed, live, with readers in `wait_applied`.
+const V_RYW: i32 = 9;
 const V_ENGINE: i32 = 10;
+/// The engine's rounds again, without the read-your-writes notifier.
+const V_NO_NOTIFY: i32 = 70;
 const V_CEILING: i32 = 20;
 const V_CATCH_UP: i32 = 30;
 /// Built by the rebuild crate, which registers them (see [`V_REBUILD_LOADED`]).
@@ -313,6 +321,13 @@ pub struct Figures {
     naive_events: u64,
     naive_eps: u64,
     engine_eps: u64,
+    /// The engine's rounds without the read-your-writes notifier (`run --no-notify`).
+    engine_no_notify_eps: u64,
+    /// Write (handed to the producer) to readable (`projector.wait_applied` answered
+    /// `applied`), at the latency phase's rate.
+    ryw_waits: u64,
+    ryw_p50: Duration,
+    ryw_p99: Duration,
     engine_all_views_eps: u64,
     ceiling_eps: u64,
     catch_up_eps: u64,
@@ -406,6 +421,15 @@ fn place(events: &[BenchEvent], partitions: i32) -> (Vec<(i32, i64)>, BTreeMap<i
         })
         .collect();
     (placement, ends)
+}
+
+/// [`applier`], ringing `bell` after every commit when given.
+fn ringing(view: impl Projection, bell: Option<Bell>) -> Result<Arc<Applier>, BenchError> {
+    let applier = Applier::new(Arc::new(view), SourceOrdering::PerAccount)?;
+    Ok(Arc::new(match bell {
+        Some(bell) => applier.with_bell(bell),
+        None => applier,
+    }))
 }
 
 fn applier(view: impl Projection) -> Result<Arc<Applier>, BenchError> {
@@ -521,9 +545,29 @@ impl Bench<'_> {
 
     /// Portfolio `version`, subscribed before the events exist, fed live on `topic`: events
     /// per second, and the full-page images written meanwhile.
-    async fn live(&self, version: i32, topic: &str) -> Result<(u64, Option<u64>), BenchError> {
+    /// With `notify`, the read-your-writes notifier runs beside the view, as in
+    /// `projector run`; without, as in `projector run --no-notify`.
+    async fn live(
+        &self,
+        version: i32,
+        topic: &str,
+        notify: bool,
+    ) -> Result<(u64, Option<u64>), BenchError> {
         settle(self.pool).await?;
-        self.live_settled(version, topic, 0).await
+        if !notify {
+            return self.live_settled(version, topic, 0).await;
+        }
+        let bell = Bell::new();
+        let stop = CancellationToken::new();
+        let notifier = tokio::spawn(projector_engine::bell::run_notifier(
+            bell.clone(),
+            self.pool.clone(),
+            stop.clone(),
+        ));
+        let run = self.live_with(version, topic, 0, Some(bell)).await;
+        stop.cancel();
+        notifier.await.doing("the notifier's task failed")?;
+        run
     }
 
     /// [`Bench::live`] after the caller settled, on a version whose inbox holds `filler`
@@ -534,6 +578,17 @@ impl Bench<'_> {
         topic: &str,
         filler: u64,
     ) -> Result<(u64, Option<u64>), BenchError> {
+        self.live_with(version, topic, filler, None).await
+    }
+
+    /// [`Bench::live_settled`], its applier ringing `bell` when given.
+    async fn live_with(
+        &self,
+        version: i32,
+        topic: &str,
+        filler: u64,
+        bell: Option<Bell>,
+    ) -> Result<(u64, Option<u64>), BenchError> {
         let fpi_before = wal_fpi(self.pool).await?;
         let watch = Watch::new(
             vec![Portfolio::new(version).consumer()],
@@ -543,7 +598,7 @@ impl Bench<'_> {
         let run = engine::run(
             "engine",
             self.pool,
-            vec![applier(Portfolio::new(version))?],
+            vec![ringing(Portfolio::new(version), bell)?],
             self.config(topic),
             watch,
             Feed::Live(self.stream.clone()),
@@ -714,9 +769,10 @@ async fn phases(options: &Options, pool: &Pool, url: &str) -> Result<Figures, Be
             .register(Portfolio::new(V_NAIVE))?
             .register(Portfolio::new(V_FULL_INBOX))?
             .register(Portfolio::new(V_REBUILD_LIVE))?
-            .register(Portfolio::new(V_PRUNE_LIVE))?;
+            .register(Portfolio::new(V_PRUNE_LIVE))?
+            .register(Portfolio::new(V_RYW))?;
         for r in 0..repeats {
-            for base in [V_ENGINE, V_CATCH_UP, V_CEILING] {
+            for base in [V_ENGINE, V_NO_NOTIFY, V_CATCH_UP, V_CEILING] {
                 registry = registry.register(Portfolio::new(base + r))?;
             }
             for base in [V_ALL, V_CEILING_ALL] {
@@ -764,6 +820,8 @@ async fn phases(options: &Options, pool: &Pool, url: &str) -> Result<Figures, Be
     topics.push((TOPIC_REBUILD_LIVE.to_owned(), options.partitions));
     topics.push((TOPIC_FULL_INBOX.to_owned(), options.partitions));
     topics.push((TOPIC_PRUNE_LIVE.to_owned(), options.partitions));
+    topics.push((TOPIC_RYW.to_owned(), options.partitions));
+    topics.extend((0..repeats).map(|r| (format!("{TOPIC}_{r}_quiet"), options.partitions)));
     let topic_refs: Vec<(&str, i32)> = topics.iter().map(|(t, p)| (t.as_str(), *p)).collect();
     let broker = DevBroker::start(1, &topic_refs).doing("cannot start the dev broker")?;
 
@@ -789,6 +847,7 @@ async fn phases(options: &Options, pool: &Pool, url: &str) -> Result<Figures, Be
     // Engine, ceiling and catch-up, interleaved, `repeats` times: each round has a fresh
     // topic and fresh view versions, and drift over the run touches all three alike.
     let (mut engine, mut ceiling, mut catch_up) = (Vec::new(), Vec::new(), Vec::new());
+    let mut quiet = Vec::new();
     let (mut rebuilt, mut rebuild_whole) = (Vec::new(), Vec::new());
     let budget = rebuild::Budget {
         connections: options.rebuild_connections,
@@ -798,7 +857,7 @@ async fn phases(options: &Options, pool: &Pool, url: &str) -> Result<Figures, Be
         let topic = format!("{TOPIC}_{r}");
         let round = format!("round {} of {repeats}", r + 1);
         eprintln!("bench: {round}: engine, portfolio, live: the views run while {count} events are published");
-        let (rate, fpi) = b.live(V_ENGINE + r, &topic).await?;
+        let (rate, fpi) = b.live(V_ENGINE + r, &topic, true).await?;
         if engine.iter().all(|best| rate > *best) {
             f.engine_wal_fpi = fpi;
         }
@@ -806,6 +865,15 @@ async fn phases(options: &Options, pool: &Pool, url: &str) -> Result<Figures, Be
         eprintln!(
             "bench: {round}: engine: {} events/s; rows equal the fold",
             grouped(engine[engine.len() - 1])
+        );
+        eprintln!("bench: {round}: engine without the read-your-writes notifier");
+        let (rate, _) = b
+            .live(V_NO_NOTIFY + r, &format!("{topic}_quiet"), false)
+            .await?;
+        quiet.push(rate);
+        eprintln!(
+            "bench: {round}: engine without the notifier: {} events/s; rows equal the fold",
+            grouped(rate)
         );
         if r == 0 {
             naive(options, &b, &topic, &mut f).await?;
@@ -837,6 +905,7 @@ async fn phases(options: &Options, pool: &Pool, url: &str) -> Result<Figures, Be
         );
     }
     f.engine_eps = best(&engine);
+    f.engine_no_notify_eps = best(&quiet);
     f.ceiling_eps = best(&ceiling);
     f.catch_up_eps = best(&catch_up);
     f.rebuild_eps = best(&rebuilt);
@@ -860,11 +929,127 @@ async fn phases(options: &Options, pool: &Pool, url: &str) -> Result<Figures, Be
     f.ceiling_all_views_eps = best(&ceiling_all);
     f.samples = vec![engine, ceiling, catch_up, rebuilt, all, ceiling_all];
     latency(options, &b, &mut f).await?;
+    read_your_writes(options, &b, &mut f).await?;
     live_during_rebuild(options, &b, budget, &mut f).await?;
     full_inbox(options, &b, &mut f).await?;
     prune_while_live(options, &b, &mut f).await?;
     drop(broker);
     Ok(f)
+}
+
+/// Readers that wait for their writes at once (`projector.wait_applied`) while the latency
+/// phase's feed runs, with the notifier, on a version of its own made live for the phase (a
+/// wait reads the live version; the placeholder is live again after it): write (the event
+/// handed to the producer) to readable (`applied`). About fifty waits a second, each on a
+/// connection of a pool of readers, whatever the rate.
+async fn read_your_writes(
+    options: &Options,
+    b: &Bench<'_>,
+    f: &mut Figures,
+) -> Result<(), BenchError> {
+    const READERS: usize = 32;
+    let count = usize::try_from(options.latency_rate * options.latency_seconds + 1)?;
+    let every = usize::try_from((options.latency_rate / 50).max(1))?;
+    eprintln!(
+        "bench: read your writes: {count} events at {} events/s; every {every}th waited for in projector.wait_applied",
+        options.latency_rate
+    );
+    settle(b.pool).await?;
+    let events = events::generate("w", count, f.accounts, 0x7e11);
+    let fold = events::fold(&events, false);
+    let (_, ends) = place(&events, options.partitions);
+    let swap = |live: i32, other: i32| async move {
+        let client = b.pool.get().await?;
+        client
+            .batch_execute(&format!(
+                "UPDATE projector.views SET state = 'building' WHERE name = 'portfolio' AND version = {other}; \
+                 UPDATE projector.views SET state = 'live' WHERE name = 'portfolio' AND version = {live}"
+            ))
+            .await
+            .doing("making a version live for the read-your-writes phase")?;
+        Ok::<(), BenchError>(())
+    };
+    swap(V_RYW, V_PLACEHOLDER).await?;
+    let readers = projector_engine::db::pool(b.url, READERS)?;
+    let watch = Watch::new(vec![Portfolio::new(V_RYW).consumer()], ends.clone(), false);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant)>();
+    watch.tell_sent(tx);
+    let targets: Vec<(i64, i64)> = events.iter().map(|e| (e.account_id, e.seq)).collect();
+    let waits = tokio::spawn(async move {
+        let mut tasks = Vec::new();
+        while let Some((index, sent)) = rx.recv().await {
+            if index % every != 0 {
+                continue;
+            }
+            let Some(&(account, seq)) = targets.get(index) else {
+                continue;
+            };
+            let readers = readers.clone();
+            tasks.push(tokio::spawn(async move {
+                let client = readers.get().await?;
+                let answer = projector_engine::wait_applied(
+                    &**client,
+                    "portfolio",
+                    account,
+                    seq,
+                    PHASE_WAIT,
+                )
+                .await?;
+                Ok::<_, BenchError>((answer, sent.elapsed()))
+            }));
+        }
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            out.push(t.await.doing("a reader's task failed")??);
+        }
+        Ok::<_, BenchError>(out)
+    });
+    let bell = Bell::new();
+    let stop_notifier = CancellationToken::new();
+    let notifier = tokio::spawn(projector_engine::bell::run_notifier(
+        bell.clone(),
+        b.pool.clone(),
+        stop_notifier.clone(),
+    ));
+    let run = engine::run(
+        "read your writes",
+        b.pool,
+        vec![ringing(Portfolio::new(V_RYW), Some(bell))?],
+        b.config(TOPIC_RYW),
+        watch.clone(),
+        Feed::Paced(
+            events.iter().map(BenchEvent::payload).collect(),
+            options.latency_rate,
+        ),
+    )
+    .await;
+    // The feed is done: no more lines to wait for.
+    watch.stop_telling();
+    let waited = waits.await.doing("the readers' task failed")?;
+    stop_notifier.cancel();
+    notifier.await.doing("the notifier's task failed")?;
+    swap(V_PLACEHOLDER, V_RYW).await?;
+    run?;
+    let waited = waited?;
+    let mut latencies = Vec::with_capacity(waited.len());
+    for (answer, took) in waited {
+        if answer != Applied::Applied {
+            mismatch!("projector.wait_applied answered {answer:?} for an event the view applied");
+        }
+        latencies.push(took);
+    }
+    latencies.sort_unstable();
+    f.ryw_waits = latencies.len() as u64;
+    f.ryw_p50 = percentile(&latencies, 50);
+    f.ryw_p99 = percentile(&latencies, 99);
+    check_portfolio(b.pool, V_RYW, TOPIC_RYW, &fold, &ends).await?;
+    eprintln!(
+        "bench: read your writes: {} waits, p50 {} ms, p99 {} ms; rows equal the fold",
+        f.ryw_waits,
+        millis(f.ryw_p50),
+        millis(f.ryw_p99)
+    );
+    Ok(())
 }
 
 /// The latency phase's feed, on a version of its own, while a rebuild of the first round's
@@ -1447,6 +1632,16 @@ fn table(f: &Figures) -> String {
     );
     let _ = writeln!(
         t,
+        "read your writes, write to readable through projector.wait_applied, at {} events/s over {} waits: p50 {} ms, p99 {} ms; engine without the notifier {} events/s ({} with it)",
+        grouped(f.latency_rate),
+        grouped(f.ryw_waits),
+        millis(f.ryw_p50),
+        millis(f.ryw_p99),
+        grouped(f.engine_no_notify_eps),
+        grouped(f.engine_eps),
+    );
+    let _ = writeln!(
+        t,
         "live during a rebuild, publish to visible, at {} events/s over {} events: p50 {} ms, p99 {} ms, max {} ms; the rebuild meanwhile {} events/s",
         grouped(f.latency_rate),
         grouped(f.rebuild_live_events),
@@ -1653,6 +1848,12 @@ struct Json<'a> {
     rebuild_live_max_ms: Box<RawValue>,
     rebuild_under_live_eps: u64,
     rebuild_command_ms: u64,
+    // Added with read-your-writes (issue 27): the notifier's cost and write to readable.
+    engine_no_notify_eps: u64,
+    notify_over_no_notify: Box<RawValue>,
+    ryw_waits: u64,
+    ryw_p50_ms: Box<RawValue>,
+    ryw_p99_ms: Box<RawValue>,
     // Added with the full-page image counts: what a large inbox costs depends on them.
     server_settings: &'a str,
     engine_wal_fpi: Option<u64>,
@@ -1721,6 +1922,11 @@ fn json(f: &Figures) -> String {
         rebuild_live_max_ms: number(millis(f.rebuild_live_max)),
         rebuild_under_live_eps: f.rebuild_loaded_eps,
         rebuild_command_ms: u64::try_from(f.rebuild_command.as_millis()).unwrap_or(u64::MAX),
+        engine_no_notify_eps: f.engine_no_notify_eps,
+        notify_over_no_notify: number(ratio2(f.engine_eps, f.engine_no_notify_eps)),
+        ryw_waits: f.ryw_waits,
+        ryw_p50_ms: number(millis(f.ryw_p50)),
+        ryw_p99_ms: number(millis(f.ryw_p99)),
         server_settings: &f.settings,
         engine_wal_fpi: f.engine_wal_fpi,
         full_inbox_wal_fpi: f.full_inbox_wal_fpi,

@@ -14,6 +14,8 @@
 //! - [`fingerprint`]: a version runs only with the code that registered it.
 //! - [`sequencer`] (private): per-account `seq` ordering: duplicates, gaps, parked accounts.
 //! - [`apply`]: the hot path; one batch of one partition into one view version, one transaction.
+//! - [`bell`]: read-your-writes: the notifier that wakes `projector.wait_applied`'s
+//!   waiters after each committed batch, and [`wait_applied`] for services in Rust.
 //! - [`inbox`]: the inbox's layout, one partition per day of the events' own time: making
 //!   days ahead and on demand, late writes, the inbox before that layout.
 //! - [`queries`]: every statement the engine runs on its own tables.
@@ -27,6 +29,7 @@
 //!   projection must pass.
 
 pub mod apply;
+pub mod bell;
 pub mod db;
 pub mod event;
 pub mod fingerprint;
@@ -44,6 +47,7 @@ pub mod testkit;
 pub mod upcast;
 
 pub use apply::{Applier, ApplyError, Batch, BatchOutcome, Counts, Disposition};
+pub use bell::{wait_applied, Applied, Bell, WaitError};
 pub use event::{account_key, decode, decode_envelope, DecodeError, Event, Message};
 pub use projection::{
     ApplySql, DedupMode, Field, Projection, Registry, SourceOrdering, UnknownVersion, ViewError,

@@ -122,6 +122,16 @@ pub const SAVE_PROGRESS: &str = "UPDATE projector.account_progress p \
      FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::timestamptz[]) AS x(a, s, e, t) \
      WHERE p.consumer = $1 AND p.account_id = x.a AND p.last_seq <= x.s";
 
+/// Records the highest `seq` an order-independent view version has applied (or ignored) per
+/// account (`projector.seen_seqs`, V0010), for read-your-writes (`projector.wait_applied`):
+/// such a view keeps no `last_seq`. The accounts come sorted and once each; the row never
+/// goes backwards. Events held for their version or dead-lettered are not counted.
+pub const SAVE_SEEN: &str =
+    "INSERT INTO projector.seen_seqs AS s (consumer, account_id, seen_seq) \
+     SELECT $1, x.a, x.q FROM unnest($2::bigint[], $3::bigint[]) AS x(a, q) \
+     ON CONFLICT (consumer, account_id) DO UPDATE SET seen_seq = EXCLUDED.seen_seq \
+     WHERE s.seen_seq < EXCLUDED.seen_seq";
+
 /// Dead letters, with the raw bytes. A message is dead-lettered once per view version: when
 /// it fails again (a retry, or a waiting event that no longer decodes), its open row takes
 /// the newest error. A row resolved by a retry that only sent its event to wait

@@ -334,7 +334,8 @@ async fn drop_taken(client: &mut Client, view: &Arc<dyn Projection>) -> Result<(
                   w AS (DELETE FROM projector.waiting_events WHERE consumer = $1), \
                   k AS (DELETE FROM projector.parked_accounts WHERE consumer = $1), \
                   s AS (DELETE FROM projector.snapshots WHERE consumer = $1), \
-                  l AS (DELETE FROM projector.inbox_late_writes WHERE consumer = $1) \
+                  l AS (DELETE FROM projector.inbox_late_writes WHERE consumer = $1), \
+                  e AS (DELETE FROM projector.seen_seqs WHERE consumer = $1) \
              DELETE FROM projector.dead_letters WHERE consumer = $1",
             &[&consumer],
         )

@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use rust_decimal::Decimal;
 
-const KEYS: [&str; 16] = [
+const KEYS: [&str; 19] = [
     "naive_eps",
     "engine_eps",
     "engine_all_views_eps",
@@ -24,6 +24,9 @@ const KEYS: [&str; 16] = [
     "rebuild_live_p99_ms",
     "prune_ms",
     "prune_live_p99_ms",
+    "engine_no_notify_eps",
+    "ryw_p50_ms",
+    "ryw_p99_ms",
 ];
 
 #[test]

@@ -35,6 +35,7 @@ fn options(names: &[&str], owner: &str) -> LiveOptions {
         restart_first: Duration::from_millis(200),
         restart_max: Duration::from_secs(1),
         local: None,
+        notify: true,
     }
 }
 

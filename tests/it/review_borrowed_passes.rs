@@ -491,14 +491,15 @@ async fn dump(client: &deadpool_postgres::Client, out: &mut String) {
     // writes and the inbox before V0009 record nothing of the feeds. So do the type and
     // version a park holds for an event of a version its view does not read (always NULL
     // here: these feeds are all version 1). The retained window's first day (V0009) is a date
-    // the test's day decides.
+    // the test's day decides. And the highest seq an order-independent view has applied per
+    // account (V0010, for read-your-writes) came after the digest.
     let tables = client
         .query(
             "SELECT table_schema, table_name FROM information_schema.tables \
              WHERE table_schema IN ('projector', 'public') AND table_type = 'BASE TABLE' \
                AND table_name NOT IN ('schema_history', 'processes', 'process_views', \
                                       'inbox_late_writes', 'inbox_legacy', \
-                                      'inbox_retention') \
+                                      'inbox_retention', 'seen_seqs') \
                AND table_name !~ '^inbox_p[0-9]{8}$' \
              ORDER BY 1, 2",
             &[],

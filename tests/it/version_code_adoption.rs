@@ -95,6 +95,7 @@ async fn a_version_adopted_by_another_binary_meanwhile_is_left_alone() {
             restart_first: Duration::from_millis(200),
             restart_max: Duration::from_secs(1),
             local: None,
+            notify: true,
         },
     ));
     let probe = Arc::new(

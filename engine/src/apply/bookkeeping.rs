@@ -192,6 +192,9 @@ struct Rows<'a> {
     superseded: (Vec<i64>, Vec<i64>, Vec<&'a str>),
     /// Accounts whose `last_seq` moved: (account, last seq, event holding it, its time).
     progress: Progress<'a>,
+    /// For an order-independent view: the highest `seq` applied or ignored per account
+    /// (account, seq), sorted by account ([`queries::SAVE_SEEN`]).
+    seen: (Vec<i64>, Vec<i64>),
 }
 
 /// The columns of [`queries::SAVE_PROGRESS`].
@@ -204,6 +207,7 @@ type Progress<'a> = (
 
 fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
     let mut rows = Rows::default();
+    let mut seen: Vec<(i64, i64)> = Vec::new();
     for (i, d) in work.decoded.iter().enumerate() {
         if let Decoded::Poison { error, salvage } = d {
             if let (Some(account), Some(seq)) = (salvage.account_id, salvage.seq) {
@@ -321,6 +325,20 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
             None if acc.initial.blocked.is_some() => rows.unparks.push(acc.account_id),
             None => {}
         }
+        if !track_seq {
+            // Applied or ignored now (a failed event is not; a held one waits, unemitted).
+            let top = acc
+                .plan
+                .emitted
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| !failed.contains(k))
+                .map(|(_, &(seq, _))| seq)
+                .max();
+            if let Some(top) = top {
+                seen.push((acc.account_id, top));
+            }
+        }
         if track_seq && acc.plan.last_seq != acc.initial.last_seq {
             rows.progress.0.push(acc.account_id);
             rows.progress.1.push(acc.plan.last_seq);
@@ -329,6 +347,16 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
             rows.progress.3.push(at.flatten());
         }
     }
+    seen.sort_unstable();
+    // One row per account (the highest), in account order: two writers of one account take
+    // the rows' locks in the same order.
+    seen.dedup_by(|later, earlier| {
+        later.0 == earlier.0 && {
+            earlier.1 = earlier.1.max(later.1);
+            true
+        }
+    });
+    rows.seen = seen.into_iter().unzip();
     rows
 }
 
@@ -358,6 +386,7 @@ impl Applier {
             relabel,
             unpark,
             save,
+            save_seen,
             advance_stmt,
             superseded,
         ) = futures::try_join!(
@@ -368,6 +397,7 @@ impl Applier {
             prepare(queries::RELABEL_PARKS),
             prepare(queries::UNPARK_ACCOUNTS),
             prepare(queries::SAVE_PROGRESS),
+            prepare(queries::SAVE_SEEN),
             prepare(queries::ADVANCE_OFFSET),
             prepare(queries::RESOLVE_SUPERSEDED),
         )
@@ -469,6 +499,10 @@ impl Applier {
             tx.execute(&unpark, &[c, &rows.unparks]).await
         };
         let progress = async {
+            if !rows.seen.0.is_empty() {
+                tx.execute(&save_seen, &[c, &rows.seen.0, &rows.seen.1])
+                    .await?;
+            }
             if rows.progress.0.is_empty() {
                 return Ok(0);
             }

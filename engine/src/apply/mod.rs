@@ -41,6 +41,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
 use tracing::Instrument;
 
+use crate::bell::Bell;
 use crate::event::{check_data, decode_envelope, extract_fields, salvage, Event, Message};
 use crate::inbox;
 use crate::metrics::ViewMetrics;
@@ -183,6 +184,9 @@ pub struct Applier {
     /// is dead-lettered. Without per-account tracking (an unordered source) nothing can
     /// wait, and it is dead-lettered.
     unknown_version: UnknownVersion,
+    /// Rung after every commit: wakes the readers waiting for this view
+    /// (`projector.wait_applied`, [`crate::bell`]). Silent unless [`Applier::with_bell`].
+    bell: Bell,
 }
 
 impl std::fmt::Debug for Applier {
@@ -257,7 +261,20 @@ impl Applier {
             fields,
             upcasters,
             unknown_version,
+            bell: Bell::silent(),
         })
+    }
+
+    /// Rings `bell` after every batch and repair this applier commits, for the readers
+    /// waiting in `projector.wait_applied` ([`crate::bell`]).
+    pub fn with_bell(mut self, bell: Bell) -> Self {
+        self.bell = bell;
+        self
+    }
+
+    /// Says a batch of this view committed (after the commit).
+    pub(crate) fn rang(&self) {
+        self.bell.ring(self.projection.name());
     }
 
     /// Names the process that commits through this applier (`--instance-id`); by default
@@ -434,6 +451,7 @@ impl Applier {
                 match self.apply_in(&mut tx, batch).await {
                     Ok(outcome) => {
                         tx.commit().await.map_err(self.db("committing"))?;
+                        self.rang();
                         break outcome;
                     }
                     // The inbox lacks a day (an event older than every day kept, or far

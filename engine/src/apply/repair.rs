@@ -185,6 +185,7 @@ impl Applier {
             .map_err(self.db("resolving the dead letter"))?;
         }
         tx.commit().await.map_err(self.db("committing"))?;
+        self.rang();
         Ok((disposition, counts))
     }
 
@@ -236,6 +237,7 @@ impl Applier {
             .skip_in(&mut tx, account, seq, skipped_by, reason)
             .await?;
         tx.commit().await.map_err(self.db("committing"))?;
+        self.rang();
         Ok(counts)
     }
 
@@ -347,6 +349,7 @@ impl Applier {
             }
         };
         tx.commit().await.map_err(self.db("committing"))?;
+        self.rang();
         Ok(outcome)
     }
 
@@ -507,6 +510,7 @@ impl Applier {
         self.hold_running(&tx).await?;
         let (counts, more) = self.drain_step(&mut tx, account).await?;
         tx.commit().await.map_err(self.db("committing"))?;
+        self.rang();
         Ok((counts, more))
     }
 

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::apply::describe_db_error;
 use crate::apply::Applier;
+use crate::bell::Bell;
 use crate::fingerprint::{self, CodeError, Verdict};
 use crate::kafka::running::{self, Session};
 use crate::kafka::source::{start_view, KafkaConfig, Observer};
@@ -58,6 +59,10 @@ pub struct LiveOptions {
     /// (`ops::StatusOptions::local`) whether or not its heartbeat reaches PostgreSQL;
     /// `None`: a handle of its own.
     pub local: Option<Local>,
+    /// Whether the process rings the read-your-writes bells after each committed batch
+    /// ([`crate::bell`]); without it, readers in `projector.wait_applied` check every 50 ms
+    /// (`projector run --no-notify`, and the bench's comparison).
+    pub notify: bool,
 }
 
 impl Default for LiveOptions {
@@ -69,6 +74,7 @@ impl Default for LiveOptions {
             restart_first: Duration::from_secs(1),
             restart_max: Duration::from_secs(60),
             local: None,
+            notify: true,
         }
     }
 }
@@ -119,6 +125,17 @@ pub async fn run_live(
     ));
     // The inbox's days ahead: made by every running process, so no cron is needed.
     let maintenance = tokio::spawn(maintain_inbox(pool.clone(), beats.clone()));
+    // The read-your-writes notifier: rings after commits, on a session of its own.
+    let bell = if options.notify {
+        Bell::new()
+    } else {
+        Bell::silent()
+    };
+    let notifier = tokio::spawn(crate::bell::run_notifier(
+        bell.clone(),
+        pool.clone(),
+        beats.clone(),
+    ));
     let mut running: HashMap<String, Running> = HashMap::new();
     // Versions this process leaves alone for as long as it runs, with the one-line reason.
     let mut skipped: BTreeMap<String, String> = BTreeMap::new();
@@ -223,7 +240,8 @@ pub async fn run_live(
                     let applier = match &options.owner {
                         Some(owner) => applier.owned_by(owner.clone()),
                         None => applier,
-                    };
+                    }
+                    .with_bell(bell.clone());
                     match holds.hold(&pool, &consumer).await {
                         Ok(true) => {}
                         // Being dropped (it was live a moment ago): not started.
@@ -300,6 +318,9 @@ pub async fn run_live(
     beats.cancel();
     if let Err(e) = heartbeat.await {
         tracing::error!(error = %e, "the heartbeat task panicked");
+    }
+    if let Err(e) = notifier.await {
+        tracing::error!(error = %e, "the read-your-writes notifier panicked");
     }
     if let Err(e) = maintenance.await {
         tracing::error!(error = %e, "the inbox maintenance task panicked");

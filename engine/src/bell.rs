@@ -1,0 +1,300 @@
+//! Read-your-writes: waking the readers that wait in `projector.wait_applied` (V0010) when a
+//! view's batch commits, and waiting in Rust ([`wait_applied`]).
+//!
+//! A PL/pgSQL function cannot receive `LISTEN` notifications while it runs, so the wake-up
+//! is a lock. Per view name there is a *bell*: an advisory lock (class [`CLASS`], key
+//! `hashtext(view)`) that this process's notifier holds exclusively on a session of its own.
+//! A waiter queues on it shared (with a `lock_timeout` of its remaining time); after each
+//! committed batch of the view, the notifier releases the bell and takes it again, which
+//! grants every queued waiter at once: each lets go at once and checks again. So a thousand
+//! waiters cost the engine nothing: the apply path only sets a flag in memory after its
+//! commit ([`Bell::ring`]); the notifier task does the rest on its own connection, never
+//! inside a batch's transaction, and rings each view at most once per turn however many
+//! batches committed meanwhile.
+//!
+//! - **Lost wake-ups.** A batch that commits between a waiter's check and its queueing rings
+//!   before the waiter is queued. The next ring hears it: the next batch of the view, or the
+//!   notifier's own ring every [`PERIOD`] while some waiter queues on a bell it holds and
+//!   nothing rang it for that long (it reads `pg_locks` once per period, not per waiter).
+//!   So a wait ends at most [`PERIOD`] after the commit it waited for.
+//! - **Several processes.** One bell per view name has one holder: the first notifier that
+//!   takes it. Batches other processes commit are heard through that holder's periodic ring
+//!   (within [`PERIOD`]). When the holder stops, its session ends, the bell is free, and
+//!   another process's notifier takes it at its next turn.
+//! - **No notifier.** With no engine running (or `projector run --no-notify`), the bell is
+//!   free: a waiter's lock is granted at once, and it checks every 50 ms instead.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::Pool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::kafka::running::Session;
+
+/// The first key of every bell ("prbl", 1886544492); the second is `hashtext(view)`. The
+/// same number is written in `migrations/V0010__wait_applied.sql`.
+pub const CLASS: i32 = 0x7072_626c;
+
+/// The longest a waiter can miss a commit by (a lost wake-up), and how often the notifier
+/// looks for queued waiters.
+pub const PERIOD: Duration = Duration::from_millis(100);
+
+/// How long the notifier waits to take a bell back after a ring: the woken waiters let go at
+/// once; longer means another process took it meanwhile.
+const RETAKE_TIMEOUT: &str = "SET lock_timeout = '1s'";
+
+/// The apply path's side of the bells: which views committed since the notifier last rang.
+/// Cloned into every applier of a process; [`Bell::silent`] rings nothing.
+#[derive(Clone, Default)]
+pub struct Bell {
+    inner: Option<Arc<Inner>>,
+}
+
+#[derive(Default)]
+struct Inner {
+    dirty: Mutex<BTreeSet<String>>,
+    wake: Notify,
+}
+
+impl std::fmt::Debug for Bell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bell")
+            .field("rings", &self.inner.is_some())
+            .finish()
+    }
+}
+
+impl Bell {
+    /// A bell a notifier ([`run_notifier`]) rings.
+    pub fn new() -> Self {
+        Self {
+            inner: Some(Arc::new(Inner::default())),
+        }
+    }
+
+    /// A bell that rings nothing (`projector run --no-notify`, tools, tests): waiters then
+    /// check every 50 ms.
+    pub fn silent() -> Self {
+        Self { inner: None }
+    }
+
+    /// Says that a batch of `view` (its stable name) committed: a flag in memory and a wake-up
+    /// of the notifier task, nothing more. Call it after the commit, never inside it.
+    pub fn ring(&self, view: &str) {
+        let Some(inner) = &self.inner else { return };
+        if let Ok(mut dirty) = inner.dirty.lock() {
+            if !dirty.contains(view) {
+                dirty.insert(view.to_owned());
+            }
+        }
+        inner.wake.notify_one();
+    }
+
+    fn take(&self) -> BTreeSet<String> {
+        self.inner
+            .as_ref()
+            .and_then(|i| i.dirty.lock().ok().map(|mut d| std::mem::take(&mut *d)))
+            .unwrap_or_default()
+    }
+}
+
+/// The notifier: holds the bells of the views this process commits batches of, and rings
+/// them after their commits (and every [`PERIOD`] while waiters queue), until `stop`. Its
+/// session is its own, out of `pool`'s count; when it is lost, its bells are free until a
+/// new session takes them again. Returns at once for a [`Bell::silent`].
+pub async fn run_notifier(bell: Bell, pool: Pool, stop: CancellationToken) {
+    let Some(inner) = bell.inner.clone() else {
+        return;
+    };
+    let mut session: Option<Session> = None;
+    let mut known: BTreeSet<String> = BTreeSet::new();
+    let mut held: BTreeSet<String> = BTreeSet::new();
+    let mut last_rung: HashMap<String, Instant> = HashMap::new();
+    let mut last_look = Instant::now();
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = inner.wake.notified() => {}
+            _ = tokio::time::sleep(PERIOD) => {}
+        }
+        let dirty = bell.take();
+        known.extend(dirty.iter().cloned());
+        if known.is_empty() {
+            continue;
+        }
+        let turn = async {
+            if session.is_none() {
+                let s = Session::open(&pool).await.map_err(|e| e.to_string())?;
+                s.client()
+                    .batch_execute(RETAKE_TIMEOUT)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                session = Some(s);
+                held.clear();
+            }
+            let Some(s) = &session else {
+                return Ok(());
+            };
+            let client = s.client();
+            for view in known.difference(&held.clone()) {
+                let row = client
+                    .query_one(
+                        "SELECT pg_try_advisory_lock($1, hashtext($2))",
+                        &[&CLASS, view],
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if row.get::<_, bool>(0) {
+                    held.insert(view.clone());
+                }
+            }
+            let mut ring: BTreeSet<String> = dirty.intersection(&held).cloned().collect();
+            if last_look.elapsed() >= PERIOD && !held.is_empty() {
+                last_look = Instant::now();
+                let views: Vec<&String> = held.iter().collect();
+                let queued = client
+                    .query(
+                        "SELECT v FROM unnest($1::text[]) AS v WHERE EXISTS ( \
+                           SELECT 1 FROM pg_catalog.pg_locks l \
+                           WHERE l.locktype = 'advisory' AND l.classid = $2::int::oid \
+                             AND l.objsubid = 2 AND NOT l.granted \
+                             AND l.objid = (hashtext(v)::bigint & 4294967295)::oid)",
+                        &[&views, &CLASS],
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                for row in queued {
+                    let view: String = row.get(0);
+                    if last_rung.get(&view).is_none_or(|t| t.elapsed() >= PERIOD) {
+                        ring.insert(view);
+                    }
+                }
+            }
+            for view in ring {
+                // Released, then asked for again: the release grants every queued waiter;
+                // the request waits until they have let go (at once), and new waiters queue
+                // behind it.
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&CLASS, &view];
+                let (_, retaken) = futures::join!(
+                    client.query_one("SELECT pg_advisory_unlock($1, hashtext($2))", &params),
+                    client.query_one("SELECT pg_advisory_lock($1, hashtext($2))", &params)
+                );
+                match retaken {
+                    Ok(_) => {
+                        last_rung.insert(view, Instant::now());
+                    }
+                    // Another process's notifier took it meanwhile: it rings now.
+                    Err(e)
+                        if e.code()
+                            == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
+                    {
+                        held.remove(&view);
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            Ok::<(), String>(())
+        };
+        match tokio::time::timeout(Duration::from_secs(10), turn).await {
+            Ok(Ok(())) => {
+                if failing {
+                    tracing::info!("the read-your-writes notifier rings again");
+                    failing = false;
+                }
+            }
+            Ok(Err(e)) => {
+                if !failing {
+                    tracing::warn!(error = %e, "the read-your-writes notifier lost its session; waiters check every 50 ms until it is back");
+                    failing = true;
+                }
+                session = None;
+            }
+            Err(_) => {
+                if !failing {
+                    tracing::warn!(
+                        "the read-your-writes notifier's session does not answer; opening another"
+                    );
+                    failing = true;
+                }
+                session = None;
+            }
+        }
+    }
+    // Dropping the session closes it, which lets go of every bell.
+    drop(session);
+}
+
+/// What [`wait_applied`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// The live version shows the event (for an order-independent view: it or a later event
+    /// of the account is applied).
+    Applied,
+    /// Not within the timeout.
+    Timeout,
+    /// The account is parked at or below the event's `seq` in the live version: it will not
+    /// show until an engineer repairs the account.
+    Parked,
+    /// No view of that name exists.
+    UnknownView,
+}
+
+/// Why [`wait_applied`] could not answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WaitError {
+    /// The database failed, or the call was cancelled (a statement timeout).
+    #[error("while waiting for {view} to apply account {account_id} seq {seq}: {source}")]
+    Database {
+        /// The view.
+        view: String,
+        /// The account.
+        account_id: i64,
+        /// The `seq` waited for.
+        seq: i64,
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The function answered something this code does not know (a newer schema).
+    #[error("projector.wait_applied answered {0:?}, which this code does not know")]
+    Unexpected(String),
+}
+
+/// Waits until the live version of `view` has applied `account_id`'s event `seq` (or a later
+/// one), for at most `timeout`: `projector.wait_applied` (docs/consistency.md). The client
+/// must not be inside a REPEATABLE READ or SERIALIZABLE transaction, and its statement
+/// timeout must exceed `timeout`.
+pub async fn wait_applied(
+    client: &impl tokio_postgres::GenericClient,
+    view: &str,
+    account_id: i64,
+    seq: i64,
+    timeout: Duration,
+) -> Result<Applied, WaitError> {
+    let micros = i64::try_from(timeout.as_micros()).unwrap_or(i64::MAX);
+    let row = client
+        .query_one(
+            "SELECT projector.wait_applied($1, $2, $3, $4::bigint * interval '1 microsecond')",
+            &[&view, &account_id, &seq, &micros],
+        )
+        .await
+        .map_err(|source| WaitError::Database {
+            view: view.to_owned(),
+            account_id,
+            seq,
+            source,
+        })?;
+    let answer: String = row.get(0);
+    match answer.as_str() {
+        "applied" => Ok(Applied::Applied),
+        "timeout" => Ok(Applied::Timeout),
+        "parked" => Ok(Applied::Parked),
+        "unknown view" => Ok(Applied::UnknownView),
+        _ => Err(WaitError::Unexpected(answer)),
+    }
+}
