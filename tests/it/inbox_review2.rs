@@ -18,7 +18,7 @@ use projector_engine::testkit::{fill, EventSpec, Partition, TestDb};
 use projector_engine::{Applier, Registry, SourceOrdering};
 
 use crate::support::kafka::config;
-use crate::support::{lock_waiters, rows, tally_fold, Tally};
+use crate::support::{lock_waiters, offsets, rows, tally_fold, Tally, Trail};
 
 /// The event stamped with `occurred_at` as written.
 fn stamped(mut e: EventSpec, occurred_at: &str) -> EventSpec {
@@ -205,4 +205,152 @@ async fn a_late_write_during_the_detach_keeps_the_day_and_its_copies_are_duplica
         "{out:?}"
     );
     assert_eq!(rows(&client, "tally_v1").await, tally_fold(&[first, late]));
+}
+
+/// Two processes apply one view (two Kafka partitions, say). A prune drops an old day the
+/// first has written into, and moves the retained window's first day past it; the second
+/// meets a late event of that day, makes the day again and counts the event outside the
+/// window. When the first meets one there too, it still knows the day (made again since) and
+/// must count it outside the window as well: the window it remembers from before the prune is
+/// not the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "hole: a process keeps the window's first day it read before a prune while its days cover the batch"]
+async fn an_event_in_a_day_pruned_and_made_again_is_counted_outside_by_every_process() {
+    let registry = Registry::new().register(Tally::new(1)).expect("registry");
+    let db = TestDb::new(&registry).await;
+    let mut client = db.client().await;
+    let now = server_now(&client).await;
+    let today = inbox::day_of(now);
+    // The window began a month ago, as if the first `migrate` ran then.
+    client
+        .execute(
+            "UPDATE projector.inbox_retention SET retained_from = $1",
+            &[&(today - chrono::Duration::days(30))],
+        )
+        .await
+        .expect("a month of window");
+    let old = now - chrono::Duration::days(20);
+    let day = inbox::day_of(old);
+    let events: Vec<EventSpec> = (1..=3)
+        .map(|a| {
+            at(
+                fill(a, 1, "", "EURUSD", "buy", "1", "1", "0"),
+                old + chrono::Duration::seconds(a),
+            )
+        })
+        .collect();
+    let first = Applier::new(Arc::new(Tally::new(1)), SourceOrdering::PerAccount).expect("app");
+    let second = Applier::new(Arc::new(Tally::new(1)), SourceOrdering::PerAccount).expect("app");
+    let p0 = Partition::from_events("fills", 0, [&events[0], &events[2]]);
+    let p1 = Partition::from_events("fills", 1, [&events[1]]);
+    let out = apply_retrying(&first, &mut client, &p0.batch(0, 1))
+        .await
+        .expect("inside the window");
+    assert_eq!(out.counts.outside_window, 0);
+    // A window later on every clock: the prune drops the day.
+    client
+        .batch_execute(
+            "UPDATE projector.inbox_late_writes SET written_at = now() - interval '20 days'; \
+             UPDATE projector.offsets SET updated_at = now()",
+        )
+        .await
+        .expect("age the write");
+    let (clocks, _) = clock::clocks(&client, None).await.expect("clocks");
+    let report = prune_inbox(&mut client, &PruneOptions::default(), &clocks, |_| {})
+        .await
+        .expect("prune");
+    assert!(report.dropped().any(|d| d.day == day), "{:?}", report.days);
+    let out = apply_retrying(&second, &mut client, &p1.batch(0, 1))
+        .await
+        .expect("the second process");
+    assert_eq!(out.counts.outside_window, 1, "made again, outside");
+    let out = apply_retrying(&first, &mut client, &p0.batch(1, 1))
+        .await
+        .expect("the first process");
+    assert_eq!(out.counts.applied, 1);
+    assert_eq!(
+        out.counts.outside_window, 1,
+        "the first process counts by the window before the prune"
+    );
+}
+
+/// The wire format takes any year from 1: an event on the first day of year 1 gets a day of
+/// its own, is applied once, and its copy is a duplicate; the view goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_on_the_first_day_of_year_1_is_applied_once() {
+    let registry = Registry::new().register(Tally::new(1)).expect("registry");
+    let db = TestDb::new(&registry).await;
+    let mut client = db.client().await;
+    let e = stamped(
+        fill(1, 1, "", "EURUSD", "buy", "1", "1", "0"),
+        "0001-01-01T00:00:00Z",
+    );
+    let log = Partition::from_events("fills", 0, [&e, &e]);
+    let applier = Applier::new(Arc::new(Tally::new(1)), SourceOrdering::PerAccount).expect("app");
+    let out = apply_retrying(&applier, &mut client, &log.batch(0, 1))
+        .await
+        .expect("the view goes on");
+    assert_eq!((out.counts.applied, out.counts.outside_window), (1, 1));
+    let out = apply_retrying(&applier, &mut client, &log.batch(1, 1))
+        .await
+        .expect("the copy");
+    assert_eq!(out.counts.dup_inbox, 1);
+    assert_eq!(rows(&client, "tally_v1").await, tally_fold(&[e]));
+}
+
+/// RFC 3339 names a moment in any zone: a relay that re-renders `occurred_at` in another zone
+/// (`+05:30`, `-00:00`, `z`) sends the same moment, which is the same event to the inbox: a
+/// duplicate to an order-independent view and to an order-dependent one, also across the UTC
+/// midnight the zone's text hides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_moment_written_in_another_zone_is_a_duplicate() {
+    let first = stamped(
+        fill(1, 1, "", "EURUSD", "buy", "1", "1", "0"),
+        "2026-11-29T23:59:59.5Z",
+    );
+    let copies = [
+        "2026-11-30T05:29:59.5+05:30",
+        "2026-11-29T23:59:59.500-00:00",
+        "2026-11-29t23:59:59.5z",
+        "2026-11-29T19:59:59.500000-04:00",
+    ]
+    .map(|t| stamped(first.clone(), t));
+    let mut log = Partition::from_events("fills", 0, [&first]);
+    for c in &copies {
+        log.push_event(c);
+    }
+    for ordered in [false, true] {
+        let (registry, view): (Registry, Arc<dyn projector_engine::Projection>) = if ordered {
+            (
+                Registry::new().register(Trail::new(1)).expect("registry"),
+                Arc::new(Trail::new(1)),
+            )
+        } else {
+            (
+                Registry::new().register(Tally::new(1)).expect("registry"),
+                Arc::new(Tally::new(1)),
+            )
+        };
+        let db = TestDb::new(&registry).await;
+        let mut client = db.client().await;
+        let applier = Applier::new(view, SourceOrdering::PerAccount).expect("app");
+        let out = apply_retrying(&applier, &mut client, &log.batch(0, 1))
+            .await
+            .expect("the event");
+        assert_eq!(out.counts.applied, 1);
+        let out = apply_retrying(&applier, &mut client, &log.batch(1, copies.len()))
+            .await
+            .expect("the copies");
+        assert_eq!(
+            (out.counts.applied, out.counts.dead_lettered()),
+            (0, 0),
+            "ordered: {ordered}: {out:?}"
+        );
+        let o = offsets(&client, if ordered { "trail_v1" } else { "tally_v1" }).await;
+        assert_eq!(
+            o.duplicates,
+            copies.len() as i64,
+            "ordered: {ordered}: {o:?}"
+        );
+    }
 }
