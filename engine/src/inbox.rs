@@ -319,6 +319,19 @@ impl Days {
         Ok(missing)
     }
 
+    /// Reads the first day of the retained window again, inside the caller's transaction (a
+    /// batch's): a prune moves it past every day it drops, and a day this set knows may have
+    /// been dropped and made again (by another process) since the set was read, so the set
+    /// still covers it while the window it remembers is the one before the prune.
+    pub async fn read_window(
+        &self,
+        client: &impl GenericClient,
+    ) -> Result<(), tokio_postgres::Error> {
+        let from = retained_from(client).await?;
+        self.lock().retained_from = from;
+        Ok(())
+    }
+
     /// Makes each of `days` that has no partition, each in a transaction of its own on
     /// `client` (which must not be inside one), under [`DDL_LOCK`] with a short lock timeout,
     /// and learns what is attached. A day is never made inside a batch's transaction: DDL

@@ -214,7 +214,6 @@ async fn a_late_write_during_the_detach_keeps_the_day_and_its_copies_are_duplica
 /// must count it outside the window as well: the window it remembers from before the prune is
 /// not the window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: a process keeps the window's first day it read before a prune while its days cover the batch"]
 async fn an_event_in_a_day_pruned_and_made_again_is_counted_outside_by_every_process() {
     let registry = Registry::new().register(Tally::new(1)).expect("registry");
     let db = TestDb::new(&registry).await;

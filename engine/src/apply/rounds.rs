@@ -303,6 +303,16 @@ impl Applier {
                 days: missing,
             });
         }
+        // A day that has ended may have been dropped by a prune and made again by another
+        // process while this one still knew it: the window's first day is read again for
+        // such a batch (a late event, a rebuild replaying old days; one key lookup), never
+        // for a batch of today's events.
+        if days.iter().any(|d| *d < inbox::day_of(now)) {
+            self.days
+                .read_window(tx)
+                .await
+                .map_err(self.db("reading the inbox's retained window"))?;
+        }
         // Older than the retained window: retention has left such days behind, or never kept
         // them (a rebuild replaying old days).
         let behind = self.days.window_start().map_or(0, |start| {
