@@ -359,7 +359,6 @@ async fn the_same_moment_written_in_another_zone_is_a_duplicate() {
 /// the one behind it through a repair, which makes the day it lacks and applies it once; a
 /// copy of it that follows is a duplicate, and the account goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: a repair whose insert finds the day dropped under it fails with the missing partition instead of making the day"]
 async fn skipping_a_parked_event_drains_the_next_one_into_a_day_that_is_gone() {
     let registry = Registry::new().register(Trail::new(1)).expect("registry");
     let db = TestDb::new(&registry).await;
