@@ -422,7 +422,6 @@ async fn skipping_a_parked_event_drains_the_next_one_into_a_day_that_is_gone() {
 /// Either way the event is applied once, the view goes on, a copy that follows is a
 /// duplicate, and the prune ends with the day kept or dropped, never with an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: a batch that makes the day finishes the detach first, and the prune's own detach then fails the whole run"]
 async fn a_late_event_of_a_day_held_half_detached_is_applied_once_the_detach_ends() {
     let registry = Registry::new().register(Tally::new(1)).expect("registry");
     let db = TestDb::new(&registry).await;
