@@ -138,23 +138,29 @@ pub async fn partitions(
     client: &impl GenericClient,
 ) -> Result<Vec<Partition>, tokio_postgres::Error> {
     let rows = client.query(LIST_PARTITIONS, &[]).await?;
-    Ok(rows
-        .iter()
-        .filter_map(|r| {
-            let day = parse_partition_name(r.get(0))?;
-            let attachment = match r.get::<_, &str>(1) {
-                "attached" => Attachment::Attached,
-                "pending" => Attachment::DetachPending,
-                _ => Attachment::Detached,
-            };
-            Some(Partition {
-                day,
-                attachment,
-                rows_estimate: r.get(2),
-                bytes: r.get(3),
-            })
-        })
-        .collect())
+    let mut out = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let Some(day) = parse_partition_name(r.try_get(0)?) else {
+            continue;
+        };
+        // The catalog row is read in the statement's snapshot, the size from the table
+        // itself: a day a prune dropped since has no size (NULL), and is gone.
+        let Some(bytes) = r.try_get::<_, Option<i64>>(3)? else {
+            continue;
+        };
+        let attachment = match r.try_get::<_, &str>(1)? {
+            "attached" => Attachment::Attached,
+            "pending" => Attachment::DetachPending,
+            _ => Attachment::Detached,
+        };
+        out.push(Partition {
+            day,
+            attachment,
+            rows_estimate: r.try_get::<_, Option<i64>>(2)?.unwrap_or(0),
+            bytes,
+        });
+    }
+    Ok(out)
 }
 
 /// The attached days only.

@@ -512,7 +512,6 @@ async fn a_late_event_of_a_day_held_half_detached_is_applied_once_the_detach_end
 /// moment: a day listed by the catalog whose table is gone by the time its size is asked
 /// (PostgreSQL answers NULL) is left out of the list, never a panic in the apply path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: a day dropped between the catalog read and its size panics on the NULL size"]
 async fn listing_the_days_while_a_prune_drops_one_leaves_it_out_without_a_panic() {
     let db = TestDb::new(&Registry::new()).await;
     let client = db.client().await;
