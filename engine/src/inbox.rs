@@ -138,23 +138,29 @@ pub async fn partitions(
     client: &impl GenericClient,
 ) -> Result<Vec<Partition>, tokio_postgres::Error> {
     let rows = client.query(LIST_PARTITIONS, &[]).await?;
-    Ok(rows
-        .iter()
-        .filter_map(|r| {
-            let day = parse_partition_name(r.get(0))?;
-            let attachment = match r.get::<_, &str>(1) {
-                "attached" => Attachment::Attached,
-                "pending" => Attachment::DetachPending,
-                _ => Attachment::Detached,
-            };
-            Some(Partition {
-                day,
-                attachment,
-                rows_estimate: r.get(2),
-                bytes: r.get(3),
-            })
-        })
-        .collect())
+    let mut out = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let Some(day) = parse_partition_name(r.try_get(0)?) else {
+            continue;
+        };
+        // The catalog row is read in the statement's snapshot, the size from the table
+        // itself: a day a prune dropped since has no size (NULL), and is gone.
+        let Some(bytes) = r.try_get::<_, Option<i64>>(3)? else {
+            continue;
+        };
+        let attachment = match r.try_get::<_, &str>(1)? {
+            "attached" => Attachment::Attached,
+            "pending" => Attachment::DetachPending,
+            _ => Attachment::Detached,
+        };
+        out.push(Partition {
+            day,
+            attachment,
+            rows_estimate: r.try_get::<_, Option<i64>>(2)?.unwrap_or(0),
+            bytes,
+        });
+    }
+    Ok(out)
 }
 
 /// The attached days only.
@@ -319,6 +325,19 @@ impl Days {
         Ok(missing)
     }
 
+    /// Reads the first day of the retained window again, inside the caller's transaction (a
+    /// batch's): a prune moves it past every day it drops, and a day this set knows may have
+    /// been dropped and made again (by another process) since the set was read, so the set
+    /// still covers it while the window it remembers is the one before the prune.
+    pub async fn read_window(
+        &self,
+        client: &impl GenericClient,
+    ) -> Result<(), tokio_postgres::Error> {
+        let from = retained_from(client).await?;
+        self.lock().retained_from = from;
+        Ok(())
+    }
+
     /// Makes each of `days` that has no partition, each in a transaction of its own on
     /// `client` (which must not be inside one), under [`DDL_LOCK`] with a short lock timeout,
     /// and learns what is attached. A day is never made inside a batch's transaction: DDL
@@ -385,17 +404,36 @@ pub(crate) async fn retain_from_after(
         .map(drop)
 }
 
+/// Where the days made ahead stop: the end of the last day of the run of attached days that
+/// starts at the day of `now` (the start of that day when it is missing itself); `None` when
+/// no day is attached at all. A day past a gap (one made far ahead for a single event) does
+/// not count: the batches of the days in the gap still need theirs, and whatever makes the
+/// days ahead has stopped at the gap.
+pub fn horizon(attached: &BTreeSet<NaiveDate>, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    if attached.is_empty() {
+        return None;
+    }
+    let mut day = day_of(now);
+    while attached.contains(&day) {
+        match day.succ_opt() {
+            Some(next) => day = next,
+            None => return Some(bounds(day).1),
+        }
+    }
+    Some(bounds(day).0)
+}
+
 /// How far ahead the inbox's partitions reach.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Horizon {
-    /// The end of the newest attached day; `None`: no partition at all.
+    /// Where the days made ahead stop ([`horizon`]); `None`: no partition at all.
     pub until: Option<DateTime<Utc>>,
     /// Days made by this call.
     pub made: usize,
 }
 
 impl Horizon {
-    /// Whole seconds from `now` to the end of the newest day (negative: behind).
+    /// Whole seconds from `now` to where the days made ahead stop (negative: behind).
     pub fn ahead_seconds(&self, now: DateTime<Utc>) -> i64 {
         self.until.map_or(0, |u| (u - now).num_seconds())
     }
@@ -436,7 +474,7 @@ pub async fn ensure_ahead(
         }
         tx.commit().await?;
     }
-    let until = attached_days(&*client).await?.last().map(|d| bounds(*d).1);
+    let until = horizon(&attached_days(&*client).await?, now);
     Ok(Horizon { until, made })
 }
 
@@ -583,6 +621,33 @@ mod tests {
         assert_eq!(bound_literal(end), "10000-01-01 00:00:00+00");
         let first = NaiveDate::from_ymd_opt(1, 1, 1).expect("a date");
         assert_eq!(bound_literal(bounds(first).0), "0001-01-01 00:00:00+00");
+    }
+
+    #[test]
+    fn the_horizon_stops_at_the_first_day_missing_from_today_on() {
+        let now = DateTime::parse_from_rfc3339("2026-12-02T10:00:00Z")
+            .expect("a time")
+            .with_timezone(&Utc);
+        let today = day_of(now);
+        let days = |offsets: &[i64]| -> BTreeSet<NaiveDate> {
+            offsets
+                .iter()
+                .map(|d| today + chrono::Duration::days(*d))
+                .collect()
+        };
+        let day_end = |d: i64| bounds(today + chrono::Duration::days(d)).1;
+        assert_eq!(horizon(&BTreeSet::new(), now), None);
+        assert_eq!(horizon(&days(&[-1, 0, 1, 2]), now), Some(day_end(2)));
+        // A day far ahead past a gap: the days stop at the gap.
+        assert_eq!(horizon(&days(&[-1, 0, 60]), now), Some(day_end(0)));
+        // Today itself missing: behind already.
+        assert_eq!(horizon(&days(&[-1, 60]), now), Some(bounds(today).0));
+        let last = NaiveDate::from_ymd_opt(9999, 12, 31).expect("a date");
+        let at_the_end = last.and_hms_opt(1, 0, 0).expect("a time").and_utc();
+        assert_eq!(
+            horizon(&BTreeSet::from([last]), at_the_end),
+            Some(bounds(last).1)
+        );
     }
 
     #[test]

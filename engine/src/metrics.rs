@@ -104,7 +104,7 @@ impl ViewMetrics {
 /// | `projector_waiting_events` | consumer | events waiting for an earlier `seq` |
 /// | `projector_inbox_rows_estimate` | | PostgreSQL's estimate of the inbox's rows |
 /// | `projector_inbox_oldest_seconds` | | age of the oldest inbox row (or of the oldest day's start) |
-/// | `projector_inbox_partitions_ahead_seconds` | | from now to the end of the newest day of the inbox (under a day: the engine fell behind making them) |
+/// | `projector_inbox_partitions_ahead_seconds` | | from now to where the inbox's days made ahead stop, at the first day missing from today on (under a day: the engine fell behind making them) |
 pub(crate) fn publish_status(status: &Status) {
     gauge!("projector_healthy").set(flag(status.healthy));
     gauge!("projector_up", "system" => "postgres").set(flag(status.postgres.reachable));
@@ -247,6 +247,6 @@ pub(crate) fn describe() {
     describe_gauge!(
         "projector_inbox_partitions_ahead_seconds",
         Unit::Seconds,
-        "From now to the end of the newest day of the inbox"
+        "From now to where the inbox's days made ahead stop (the first day missing from today on)"
     );
 }

@@ -22,6 +22,7 @@ mod examples_custom_views;
 mod inbox_layout;
 mod inbox_move;
 mod inbox_review;
+mod inbox_review2;
 mod kafka_drains;
 mod kafka_faults;
 mod kafka_fencing_after_a_timeout;

@@ -462,6 +462,14 @@ impl Applier {
                         drop(tx);
                         self.make_days(client, &days).await?;
                     }
+                    // A day this process knew was dropped under it by a prune: its days are
+                    // forgotten (`Applier::db`); the next try reads them, and makes the day.
+                    Err(ApplyError::Database { error, .. })
+                        if tries < 3 && inbox::is_missing_partition(&error) =>
+                    {
+                        tries += 1;
+                        drop(tx);
+                    }
                     Err(e) => return Err(e),
                 }
             };

@@ -36,7 +36,8 @@ pub enum DeadLetterSkip {
 
 impl Applier {
     /// Whether a repair that stopped with `result` should run again once the days it lacked
-    /// are made (it runs in a transaction of its own; a few tries at most).
+    /// are made, or once a day dropped under it is known gone (it runs in a transaction of
+    /// its own; a few tries at most).
     async fn lacked_days<T>(
         &self,
         client: &mut Client,
@@ -47,6 +48,14 @@ impl Applier {
             Err(ApplyError::InboxDaysMissing { days, .. }) if *tries < 3 => {
                 *tries += 1;
                 self.make_days(client, days).await?;
+                Ok(true)
+            }
+            // A day this applier knew was dropped under it by a prune: its days are forgotten
+            // (`Applier::db`), and the next try reads them and names the day to make.
+            Err(ApplyError::Database { error, .. })
+                if *tries < 3 && crate::inbox::is_missing_partition(error) =>
+            {
+                *tries += 1;
                 Ok(true)
             }
             _ => Ok(false),

@@ -303,6 +303,23 @@ impl Applier {
                 days: missing,
             });
         }
+        // A day that has ended, inside the window as this process last read it, may have
+        // been dropped by a prune and made again by another process while this one still
+        // knew it: the window's first day is read again for such a batch (a late event, a
+        // rebuild replaying recent days, a few minutes after midnight; one key lookup). Never
+        // for a batch of today's events, nor of days already before the window, which only
+        // moves forward.
+        let today = inbox::day_of(now);
+        let window_start = self.days.window_start();
+        if days
+            .iter()
+            .any(|d| *d < today && window_start.is_none_or(|start| *d >= start))
+        {
+            self.days
+                .read_window(tx)
+                .await
+                .map_err(self.db("reading the inbox's retained window"))?;
+        }
         // Older than the retained window: retention has left such days behind, or never kept
         // them (a rebuild replaying old days).
         let behind = self.days.window_start().map_or(0, |start| {

@@ -380,12 +380,41 @@ async fn prune_day(
     match partition.attachment {
         Attachment::Attached => {
             // Outside any transaction, by PostgreSQL's rule for CONCURRENTLY.
-            client
+            let detached = client
                 .batch_execute(&format!(
                     "ALTER TABLE projector.inbox DETACH PARTITION projector.{name} CONCURRENTLY"
                 ))
-                .await
-                .map_err(pg("detaching a day of the inbox"))?;
+                .await;
+            if let Err(e) = detached {
+                // While the detach waited for older transactions, a batch that needed the day
+                // may have finished it (`Days::make`: `DETACH ... FINALIZE`, then `ATTACH`), and
+                // this one found nothing left to finish: the catalog says what became of the day.
+                let now = inbox::partitions(&*client)
+                    .await
+                    .map_err(pg("listing the inbox's days"))?
+                    .into_iter()
+                    .find(|p| p.day == day)
+                    .map(|p| p.attachment);
+                match now {
+                    Some(Attachment::Attached) => {
+                        return Ok(DayOutcome::Kept(
+                            "attached again by a batch that needed its day while it was being \
+                             detached; the next run decides again"
+                                .to_owned(),
+                        ))
+                    }
+                    None => {
+                        return Ok(DayOutcome::Kept(
+                            "gone already: another prune dropped it".to_owned(),
+                        ))
+                    }
+                    // Detached by the batch's FINALIZE, not attached again (yet): judged below.
+                    Some(Attachment::Detached) => {}
+                    Some(Attachment::DetachPending) => {
+                        return Err(pg("detaching a day of the inbox")(e))
+                    }
+                }
+            }
         }
         Attachment::DetachPending => {
             inbox::finalize_detach(&*client, day)

@@ -168,8 +168,10 @@ pub struct InboxStatus {
     pub days: usize,
     /// The oldest attached day.
     pub oldest_day: Option<chrono::NaiveDate>,
-    /// The end of the newest attached day: the engine makes days ahead
-    /// (`projector_engine::inbox::AHEAD_DAYS`); less than a day ahead means it fell behind.
+    /// Where the days made ahead stop (`projector_engine::inbox::horizon`: the end of the run
+    /// of attached days from today on; a day made far ahead past a gap does not count): the
+    /// engine makes `projector_engine::inbox::AHEAD_DAYS` ahead; less than a day ahead means it
+    /// fell behind.
     pub partitions_until: Option<DateTime<Utc>>,
     /// Seconds from now to `partitions_until` (negative: behind).
     pub partitions_ahead_seconds: Option<i64>,
@@ -1097,7 +1099,7 @@ async fn inbox_status(
         .into_iter()
         .chain(oldest_day.map(|d| crate::inbox::bounds(d).0))
         .min();
-    let until = days.last().map(|d| crate::inbox::bounds(d.day).1);
+    let until = crate::inbox::horizon(&days.iter().map(|d| d.day).collect(), now);
     Ok(InboxStatus {
         rows_estimate: rows.map(|r| r + legacy_rows.max(0)),
         bytes: days.iter().map(|d| d.bytes).sum::<i64>() + legacy.get::<_, i64>(1),
