@@ -329,9 +329,9 @@ async fn partition(
             .iter()
             .map(|c| -> [&(dyn ToSql + Sync); 4] { [c, &accounts, &seqs, &ids] })
             .collect();
-        let advance_params: Vec<[&(dyn ToSql + Sync); 17]> = advances
+        let advance_params: Vec<[&(dyn ToSql + Sync); 18]> = advances
             .iter()
-            .map(|a| -> [&(dyn ToSql + Sync); 17] {
+            .map(|a| -> [&(dyn ToSql + Sync); 18] {
                 [
                     &a.consumer,
                     &topic,
@@ -345,6 +345,7 @@ async fn partition(
                     &zero,
                     &zero,
                     &owner,
+                    &zero,
                     &zero,
                     &zero,
                     &zero,
