@@ -107,3 +107,10 @@ CREATE TABLE projector.inbox_retention (
 -- Events whose occurred_at lies outside the retained window (older than it, or further ahead
 -- of the server's clock than a day), counted per partition with the other exact counters.
 ALTER TABLE projector.offsets ADD COLUMN outside_window bigint NOT NULL DEFAULT 0;
+
+-- Events an order-independent view (eod) on a source ordered per account applied at or below
+-- the highest seq it had applied for their account (projector.seen_seqs, V0010), which its
+-- inbox did not know: the same event_id stamped with another occurred_at (another event to
+-- the inbox), a copy whose day was pruned, or a producer publishing an account out of order.
+-- Each is likely an event applied twice; counted so that it shows.
+ALTER TABLE projector.offsets ADD COLUMN below_seen bigint NOT NULL DEFAULT 0;

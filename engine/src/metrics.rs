@@ -14,6 +14,7 @@
 //! | `projector_events_drained_total` | consumer | waiting events that left the waiting table |
 //! | `projector_notices_total` | consumer | notices the live version's statements emitted |
 //! | `projector_events_outside_window_total` | consumer | events whose `occurred_at` lies outside the inbox's retained window (applied once all the same) |
+//! | `projector_events_below_seen_total` | consumer | events an order-independent view applied at or below the highest `seq` it had applied for the account, unknown to its inbox: a copy stamped with another `occurred_at`, a copy past the window, or events published out of order (likely applied twice) |
 //! | `projector_batch_seconds` | consumer | time from BEGIN to COMMIT of a batch |
 //!
 //! A running process also sets gauges from its periodic status snapshot: lag per partition
@@ -42,6 +43,7 @@ pub(crate) struct ViewMetrics {
     drained: Counter,
     notices: Counter,
     outside_window: Counter,
+    below_seen: Counter,
     batch_seconds: Histogram,
 }
 
@@ -63,6 +65,7 @@ impl ViewMetrics {
             drained: counter!("projector_events_drained_total", "consumer" => c.clone()),
             notices: counter!("projector_notices_total", "consumer" => c.clone()),
             outside_window: counter!("projector_events_outside_window_total", "consumer" => c.clone()),
+            below_seen: counter!("projector_events_below_seen_total", "consumer" => c.clone()),
             batch_seconds: histogram!("projector_batch_seconds", "consumer" => c),
         }
     }
@@ -81,6 +84,7 @@ impl ViewMetrics {
         self.drained.increment(counts.drained);
         self.notices.increment(counts.notices);
         self.outside_window.increment(counts.outside_window);
+        self.below_seen.increment(counts.below_seen);
         self.batch_seconds.record(elapsed);
     }
 }
@@ -193,6 +197,10 @@ pub(crate) fn describe() {
     describe_counter!(
         "projector_events_outside_window_total",
         "Events whose occurred_at lies outside the inbox's retained window (applied once all the same)"
+    );
+    describe_counter!(
+        "projector_events_below_seen_total",
+        "Events an order-independent view applied at or below the highest seq it had applied for the account, unknown to its inbox (likely applied twice)"
     );
     describe_histogram!(
         "projector_batch_seconds",

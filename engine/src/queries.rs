@@ -29,7 +29,7 @@ pub const ADVANCE_OFFSET: &str =
      committed_by = $12, \
      dup_seq = dup_seq + $13, dup_watermark = dup_watermark + $14, \
      dup_inbox = dup_inbox + $15, dup_version_filter = dup_version_filter + $16, \
-     outside_window = outside_window + $17 \
+     outside_window = outside_window + $17, below_seen = below_seen + $18 \
      WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $5";
 
 /// The stored offset of a partition, for seeking on assignment.
@@ -66,6 +66,17 @@ pub const READ_ACCOUNTS: &str =
      FROM unnest($2::bigint[]) AS a(account_id) \
      LEFT JOIN projector.account_progress p ON p.consumer = $1 AND p.account_id = a.account_id \
      LEFT JOIN projector.parked_accounts k ON k.consumer = $1 AND k.account_id = a.account_id";
+
+/// [`READ_ACCOUNTS`] for an order-independent view, with the highest `seq` it has applied per
+/// account (`projector.seen_seqs`, V0010): an event at or below it that the inbox does not
+/// know is counted (`below_seen`, see [`crate::Counts`]).
+pub const READ_ACCOUNTS_SEEN: &str =
+    "SELECT a.account_id, p.last_seq, p.last_event_id, p.watermark_seq, k.blocked_seq, p.emit_after_seq, \
+            p.last_occurred_at, s.seen_seq \
+     FROM unnest($2::bigint[]) AS a(account_id) \
+     LEFT JOIN projector.account_progress p ON p.consumer = $1 AND p.account_id = a.account_id \
+     LEFT JOIN projector.parked_accounts k ON k.consumer = $1 AND k.account_id = a.account_id \
+     LEFT JOIN projector.seen_seqs s ON s.consumer = $1 AND s.account_id = a.account_id";
 
 /// Events waiting for the given accounts, in `seq` order.
 ///

@@ -159,7 +159,10 @@ async fn the_same_id_with_another_time_is_a_conflict_for_an_order_dependent_view
 }
 
 /// An order-independent view (eod): the same id with another `occurred_at` is, to the inbox,
-/// another event, and it is applied; the exact copy is a duplicate.
+/// another event, and it is applied; the exact copy is a duplicate. A copy so stamped that
+/// arrives after its account's later events (at or below the highest `seq` the view applied
+/// for the account, unknown to the inbox) is counted, `below_seen`, in the batch's counts
+/// and in the partition's exact counters; an exact copy there is not, nor a new event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_id_with_another_time_is_another_event_for_an_order_independent_view() {
     let db = TestDb::new(&views()).await;
@@ -167,6 +170,8 @@ async fn the_same_id_with_another_time_is_another_event_for_an_order_independent
     let applier = Applier::new(code("eod", 1), SourceOrdering::PerAccount).expect("app");
     let t1: DateTime<Utc> = "2026-11-29T10:15:00Z".parse().expect("time");
     let e1 = at(fill(1, 1, "", "EURUSD", "buy", "10", "1.1", "0"), t1);
+    let e2 = at(fill(1, 2, "", "EURUSD", "buy", "10", "1.1", "0"), t1);
+    let e3 = at(fill(1, 3, "", "EURUSD", "buy", "10", "1.1", "0"), t1);
     let log = Partition::from_events(
         "fills",
         0,
@@ -174,14 +179,30 @@ async fn the_same_id_with_another_time_is_another_event_for_an_order_independent
             e1.clone(),
             e1.clone(),
             at(e1.clone(), t1 + chrono::Duration::seconds(1)),
+            e2.clone(),
+            // A later batch: a copy of seq 1 stamped with yet another time, an exact copy of
+            // seq 2, and a new event.
+            at(e1.clone(), t1 + chrono::Duration::seconds(2)),
+            e2.clone(),
+            e3.clone(),
         ]
         .iter(),
     );
     let out = applier
-        .apply(&mut client, &log.batch(0, 10))
+        .apply(&mut client, &log.batch(0, 4))
+        .await
+        .expect("apply");
+    assert_eq!((out.counts.applied, out.counts.dup_inbox), (3, 1));
+    assert_eq!(
+        out.counts.below_seen, 0,
+        "within the batch that first applies the account, nothing was seen before"
+    );
+    let out = applier
+        .apply(&mut client, &log.batch(4, 3))
         .await
         .expect("apply");
     assert_eq!((out.counts.applied, out.counts.dup_inbox), (2, 1));
+    assert_eq!(out.counts.below_seen, 1, "the re-stamped copy of seq 1");
     let fills: i64 = client
         .query_one(
             "SELECT sum(fills)::bigint FROM eod_v1 WHERE account_id = 1",
@@ -190,7 +211,16 @@ async fn the_same_id_with_another_time_is_another_event_for_an_order_independent
         .await
         .expect("eod row")
         .get(0);
-    assert_eq!(fills, 2);
+    assert_eq!(fills, 5, "three events, two re-stamped copies applied");
+    let counted: i64 = client
+        .query_one(
+            "SELECT below_seen FROM projector.offsets WHERE consumer = 'eod_v1'",
+            &[],
+        )
+        .await
+        .expect("offsets")
+        .get(0);
+    assert_eq!(counted, 1);
 }
 
 /// Events far ahead of the server's clock and far behind every day kept: each applied once,

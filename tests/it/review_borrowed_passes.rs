@@ -470,17 +470,22 @@ fn case_logs(rng: &mut Lcg, case: i64) -> [Partition; 2] {
     logs
 }
 
-/// The trace without the `outside_window` counter of `Counts`.
+/// The trace without the counters of `Counts` added after the digest: `outside_window`
+/// (V0009) and `below_seen`.
 fn strip_outside_window(trace: &str) -> String {
-    let mut out = String::with_capacity(trace.len());
-    let mut rest = trace;
-    while let Some(at) = rest.find(", outside_window: ") {
-        out.push_str(&rest[..at]);
-        rest = &rest[at + ", outside_window: ".len()..];
-        rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
+    let mut trace = trace.to_owned();
+    for field in [", outside_window: ", ", below_seen: "] {
+        let mut out = String::with_capacity(trace.len());
+        let mut rest = trace.as_str();
+        while let Some(at) = rest.find(field) {
+            out.push_str(&rest[..at]);
+            rest = &rest[at + field.len()..];
+            rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
+        }
+        out.push_str(rest);
+        trace = out;
     }
-    out.push_str(rest);
-    out
+    trace
 }
 
 /// Every row the engine keeps, without times, identities and the committing process.
@@ -514,7 +519,7 @@ async fn dump(client: &deadpool_postgres::Client, out: &mut String) {
                  WHERE table_schema = $1 AND table_name = $2 \
                    AND (data_type LIKE 'timestamp%' OR is_identity = 'YES' \
                         OR column_name IN ('committed_by', 'owner', 'fingerprint', \
-                                           'outside_window', 'event_type', 'type_version'))",
+                                           'outside_window', 'below_seen', 'event_type', 'type_version'))",
                 &[&schema, &table],
             )
             .await

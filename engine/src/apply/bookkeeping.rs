@@ -83,6 +83,7 @@ impl Advance<'_> {
                 &as_i64(counts.dup_inbox),
                 &as_i64(counts.dup_version_filter),
                 &as_i64(counts.outside_window),
+                &as_i64(counts.below_seen),
             ],
         )
         .await

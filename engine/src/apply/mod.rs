@@ -854,7 +854,7 @@ impl Applier {
             Tracking::None => Ok(None),
             Tracking::Watermark => {
                 let read = tx
-                    .prepare_cached(queries::READ_ACCOUNTS)
+                    .prepare_cached(queries::READ_ACCOUNTS_SEEN)
                     .await
                     .map_err(&err)?;
                 Ok(Some(AccountStatements { lock: None, read }))
@@ -926,6 +926,9 @@ impl Applier {
                         last_seq: row.get::<_, Option<i64>>(1).unwrap_or(0),
                         last_event_id: row.get(2),
                         last_occurred_at: row.get(6),
+                        seen_seq: (row.len() > 7)
+                            .then(|| row.get::<_, Option<i64>>(7))
+                            .flatten(),
                         watermark: row.get(3),
                         blocked: row.get(4),
                         emit_after: row.get(5),
@@ -1042,6 +1045,57 @@ impl Applier {
         let checked: HashSet<(String, DateTime<Utc>)> = keys.into_iter().collect();
         work.classify_taken(&checked, &known);
         work.mark_repeated_ids();
+        if self.tracking == Tracking::Watermark && self.projection.dedup().uses_inbox() {
+            self.count_below_seen(tx, work).await?;
+        }
+        Ok(())
+    }
+
+    /// Counts the events an order-independent view is about to apply at or below the
+    /// highest `seq` it has applied for their account, that the inbox does not know: on a
+    /// source ordered per account an event arrives there only as a copy, so each is a copy
+    /// the inbox cannot recognise (the same id stamped with another `occurred_at`, or a copy
+    /// whose day retention dropped) or a producer that published an account out of order.
+    /// Applied all the same (the inbox is the only judge an order-independent view has);
+    /// counted and logged so that it shows (`below_seen`). Looked up only for such events,
+    /// which a healthy stream never has.
+    async fn count_below_seen(
+        &self,
+        tx: &Transaction<'_>,
+        work: &mut Work<'_>,
+    ) -> Result<(), ApplyError> {
+        let below = work.below_seen();
+        if below.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<&str> = below.iter().map(|b| b.event_id).collect();
+        let times: Vec<DateTime<Utc>> = below.iter().map(|b| b.occurred_at).collect();
+        let rows = tx
+            .query(queries::IN_INBOX, &[&self.consumer, &ids, &times])
+            .await
+            .map_err(self.db("looking up the inbox"))?;
+        let mut known: HashSet<(String, Option<DateTime<Utc>>)> = HashSet::new();
+        for row in rows {
+            known.insert((row.get(0), row.get(1)));
+        }
+        let mut counted = 0;
+        for b in &below {
+            let id = b.event_id.to_owned();
+            if known.contains(&(id.clone(), Some(b.occurred_at))) || known.contains(&(id, None)) {
+                continue;
+            }
+            counted += 1;
+            tracing::warn!(
+                consumer = %self.consumer,
+                account_id = b.account_id,
+                seq = b.seq,
+                seen_seq = b.seen_seq,
+                event_id = b.event_id,
+                occurred_at = %b.occurred_at.to_rfc3339(),
+                "an order-independent view applies an event at or below the highest seq it has applied for the account, which its inbox does not know: a copy stamped with another occurred_at, a copy whose day was pruned, or events published out of order; it is counted (below_seen) and likely applied twice (see docs/operations.md)"
+            );
+        }
+        work.counts.below_seen += counted;
         Ok(())
     }
 }

@@ -112,6 +112,9 @@ pub(crate) struct AccountState {
     /// Its `occurred_at`, when known (rows written since V0009).
     pub last_occurred_at: Option<DateTime<Utc>>,
     pub watermark: Option<i64>,
+    /// The highest `seq` an order-independent view has applied for the account
+    /// (`projector.seen_seqs`); `None` for an order-dependent view, or before its first.
+    pub seen_seq: Option<i64>,
     /// The `seq` the account is parked at, if it is.
     pub blocked: Option<i64>,
     /// The version this one replaced had applied (and emitted for) events up to this `seq`.
@@ -545,6 +548,39 @@ impl<'b> Work<'b> {
         ids
     }
 
+    /// The batch's events about to be sent to the statement at or below their account's
+    /// `seen_seq` (an order-independent view's highest applied `seq`), each key once: the
+    /// events [`super::Applier`] looks up to count `below_seen`.
+    pub(crate) fn below_seen(&self) -> Vec<BelowSeen<'_>> {
+        let mut keys = HashSet::new();
+        let mut below = Vec::new();
+        for acc in &self.accounts {
+            let Some(seen_seq) = acc.initial.seen_seq else {
+                continue;
+            };
+            for &(seq, item) in &acc.plan.emitted {
+                let Item::Batch(i) = item else { continue };
+                if seq > seen_seq || self.repeats.contains_key(&item) {
+                    continue;
+                }
+                let (Some(ev), true) = (self.decoded[i].event(), self.decoded[i].is_subscribed())
+                else {
+                    continue;
+                };
+                if keys.insert((ev.event_id.as_str(), ev.occurred_at)) {
+                    below.push(BelowSeen {
+                        event_id: &ev.event_id,
+                        occurred_at: ev.occurred_at,
+                        account_id: ev.account_id,
+                        seq,
+                        seen_seq,
+                    });
+                }
+            }
+        }
+        below
+    }
+
     /// Tells true duplicates from conflicts among the events whose `seq` was taken. `known`
     /// holds the checked events the inbox has (see [`Work::ids_to_check`]); `checked` says
     /// whether an event was looked up at all. An event is the same as another when both its
@@ -853,6 +889,17 @@ impl<'b> Work<'b> {
             None => None,
         }
     }
+}
+
+/// An event an order-independent view is about to apply at or below the highest `seq` it
+/// has applied for its account ([`Work::below_seen`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BelowSeen<'a> {
+    pub event_id: &'a str,
+    pub occurred_at: DateTime<Utc>,
+    pub account_id: i64,
+    pub seq: i64,
+    pub seen_seq: i64,
 }
 
 /// What holds a taken `seq`, for an event that claims it again ([`Work::classify_taken`]).

@@ -74,6 +74,13 @@ pub struct Counts {
     /// partition); counted apart from the dispositions above, so a producer stamping wrong
     /// times shows.
     pub outside_window: u64,
+    /// Events an order-independent view on a source ordered per account applied at or below
+    /// the highest `seq` it had applied for their account, which its inbox did not know: a
+    /// copy stamped with another `occurred_at` (the same id with another time is another
+    /// event to the inbox), a copy whose day retention dropped, or a producer publishing an
+    /// account's events out of order. Each is likely an event applied twice; counted apart
+    /// from the dispositions above (they are `applied`).
+    pub below_seen: u64,
 }
 
 impl std::ops::AddAssign<&Counts> for Counts {
@@ -91,6 +98,7 @@ impl std::ops::AddAssign<&Counts> for Counts {
         self.drained += c.drained;
         self.notices += c.notices;
         self.outside_window += c.outside_window;
+        self.below_seen += c.below_seen;
     }
 }
 
