@@ -60,8 +60,8 @@ $$;
 -- which releases it: a waiter cancelled mid-wait cannot leave it held. A commit between a
 -- waiter's check and its queueing is heard at the next ring: the notifier also rings every
 -- 100 ms while some waiter queues and nothing rang (the lost wakeup is bounded by that).
--- When no notifier holds the bell (no engine running, `run --no-notify`), the lock is free,
--- and the waiter checks every 50 ms instead.
+-- When no notifier holds the bell (no engine running, `run --no-notify`), the waiter finds
+-- it free (a try, before it queues) and checks every 50 ms instead.
 --
 -- Must run in a READ COMMITTED transaction (each check takes a new snapshot): it raises in a
 -- REPEATABLE READ or SERIALIZABLE one, which would never see the engine's commits. The
@@ -73,7 +73,7 @@ DECLARE
     bell      integer := hashtext(view);
     live      text;
     remaining interval;
-    started   timestamptz;
+    free      boolean;
     saved     text := current_setting('lock_timeout');
     answer    text;
 BEGIN
@@ -104,20 +104,25 @@ BEGIN
             END IF;
         END IF;
         EXIT WHEN answer IS NOT NULL;
-        started := clock_timestamp();
         PERFORM set_config('lock_timeout',
                            least(2147483647, greatest(1, ceil(extract(epoch FROM remaining) * 1000)))::bigint || 'ms', true);
+        free := false;
         BEGIN
-            PERFORM pg_advisory_xact_lock_shared(1886544492, bell);
-            -- Rang (or nobody holds the bell): roll the subtransaction back, which lets go.
+            IF pg_try_advisory_xact_lock_shared(1886544492, bell) THEN
+                -- Nobody holds the bell: no notifier runs (or it is between a release and
+                -- its next hold, a few microseconds).
+                free := true;
+            ELSE
+                PERFORM pg_advisory_xact_lock_shared(1886544492, bell);
+            END IF;
+            -- Rang (or free): roll the subtransaction back, which lets go of the lock.
             RAISE SQLSTATE 'PRB01';
         EXCEPTION
             WHEN SQLSTATE 'PRB01' THEN NULL;
             WHEN lock_not_available THEN NULL;
         END;
-        -- Granted at once: no notifier holds the bell (or it was ringing right then). Check
-        -- again after a short sleep rather than spin.
-        IF clock_timestamp() - started < interval '1 ms' THEN
+        -- With no notifier, check again after a short sleep rather than spin.
+        IF free THEN
             PERFORM pg_sleep(least(0.05, greatest(0, extract(epoch FROM deadline - clock_timestamp()))));
         END IF;
     END LOOP;

@@ -26,12 +26,15 @@ use std::time::Duration;
 use anyhow::Context as _;
 use projector_devkit::devbroker::DevBroker;
 use projector_devkit::reconcile::{reconcile, ViewReconciliation};
+use projector_devkit::writeside::ledger::decimal;
 use projector_devkit::writeside::quotes::{
     FeedConfig, FeedMode, FeedSymbol, Limits, QuotesReport, ReceiverConfig,
 };
-use projector_devkit::writeside::{LoadConfig, RelayConfig, Report as WriteReport, WriteSide};
+use projector_devkit::writeside::{
+    LoadConfig, Order, RelayConfig, Report as WriteReport, Side, WriteSide,
+};
 use projector_engine::kafka::source::KafkaConfig;
-use projector_engine::Registry;
+use projector_engine::{Applied, Registry};
 use projector_rebuild::{Outcome, Progress, Status};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -51,6 +54,10 @@ const FINISH_WITHIN: Duration = Duration::from_secs(180);
 const REBUILT: &str = "portfolio";
 /// Percent of the relay's batches after which it "crashes" between publish and mark.
 const RELAY_CRASH_PERCENT: u8 = 5;
+/// How often the reading client places an order and reads it back.
+const READER_EVERY: Duration = Duration::from_millis(200);
+/// The longest the reading client waits to see its write.
+const READ_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -144,6 +151,7 @@ struct Report {
     dead_letters: i64,
     parked: i64,
     reconciled: Vec<ViewReconciliation>,
+    own_reads: OwnReads,
 }
 
 impl Report {
@@ -204,6 +212,18 @@ impl Report {
         line(format!(
             "  published     {} (redeliveries injected {} in {} relay crashes between publish and mark)",
             w.published, w.redeliveries_injected, w.relay_crashes
+        ));
+        let r = &self.own_reads;
+        line(format!(
+            "  own reads     {} orders by a client that reads portfolio right after each: {} saw it at once, {} reads waited in projector.wait_applied (p50 {} ms, p99 {} ms), {} timed out, {} parked; {} orders refused",
+            r.orders,
+            r.at_once,
+            r.waited.len(),
+            r.percentile(50).as_millis(),
+            r.percentile(99).as_millis(),
+            r.timeouts,
+            r.parked,
+            r.refused
         ));
         line(String::new());
         line("engine".to_owned());
@@ -303,6 +323,101 @@ impl Report {
         }
         out
     }
+}
+
+/// What the client that reads its own writes saw.
+#[derive(Debug, Default)]
+struct OwnReads {
+    /// Orders it placed that were written.
+    orders: u64,
+    /// Orders refused (the quote gate): nothing to read.
+    refused: u64,
+    /// Reads that found the write at once.
+    at_once: u64,
+    /// How long each read that had to wait waited, sorted.
+    waited: Vec<Duration>,
+    timeouts: u64,
+    parked: u64,
+}
+
+impl OwnReads {
+    fn percentile(&self, pct: usize) -> Duration {
+        match self.waited.len() {
+            0 => Duration::ZERO,
+            n => self.waited[((n * pct).div_ceil(100)).clamp(1, n) - 1],
+        }
+    }
+}
+
+/// A client that reads its own writes, beside the load: every [`READER_EVERY`] it places an
+/// order (through the write side's intake, as any client) and reads `portfolio` for it at
+/// once: with `projector.applied` first, and when the view does not show it yet, by waiting
+/// in `projector.wait_applied` on the reply's `(account_id, seq)`, until `stop`.
+async fn read_own_writes(
+    write_side: WriteSide,
+    pool: deadpool_postgres::Pool,
+    accounts: i64,
+    stop: CancellationToken,
+) -> anyhow::Result<OwnReads> {
+    let intake = write_side.intake();
+    let client = pool
+        .get()
+        .await
+        .context("the reading client cannot connect")?;
+    let mut out = OwnReads::default();
+    let (one, price) = (decimal("1")?, decimal("1.08420")?);
+    let mut tick = tokio::time::interval(READER_EVERY);
+    let mut n: i64 = 0;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        n += 1;
+        let account = 1 + (n * 7) % accounts.max(1);
+        let order = Order {
+            symbol: "EURUSD".to_owned(),
+            side: if n % 2 == 0 { Side::Buy } else { Side::Sell },
+            qty: one,
+            price,
+        };
+        let reply = match intake.place(account, &format!("own-read-{n}"), order).await {
+            Ok(outcome) => outcome.reply().clone(),
+            Err(_) => {
+                out.refused += 1;
+                continue;
+            }
+        };
+        out.orders += 1;
+        let started = Instant::now();
+        let shown: Option<i64> = client
+            .query_one(
+                "SELECT projector.applied('portfolio', $1)",
+                &[&reply.account_id],
+            )
+            .await?
+            .get(0);
+        if shown.is_some_and(|s| s >= reply.seq) {
+            out.at_once += 1;
+            continue;
+        }
+        match projector_engine::wait_applied(
+            &**client,
+            "portfolio",
+            reply.account_id,
+            reply.seq,
+            READ_WAIT,
+        )
+        .await?
+        {
+            Applied::Applied => out.waited.push(started.elapsed()),
+            Applied::Timeout => out.timeouts += 1,
+            Applied::Parked => out.parked += 1,
+            Applied::UnknownView => anyhow::bail!("portfolio is not a view of the demo's database"),
+        }
+    }
+    out.waited.sort_unstable();
+    Ok(out)
 }
 
 /// One view version's counters, summed over partitions, and its lag.
@@ -552,6 +667,12 @@ async fn story(
         let (write_side, load, stop) = (write_side.clone(), load.clone(), load_stop.clone());
         tokio::spawn(async move { write_side.run_load(&load, stop).await })
     };
+    let reader_task = tokio::spawn(read_own_writes(
+        write_side.clone(),
+        pool.clone(),
+        args.accounts,
+        load_stop.clone(),
+    ));
     display.say(&format!(
         "clients: {} requests/s over {} accounts ({} hot) for {}; {}% retried under the same idempotency key; \
          the relay crashes between publish and mark after {}% of its batches",
@@ -754,6 +875,10 @@ async fn story(
         .await
         .context("the clients' task panicked")?
         .context("the clients stopped")?;
+    let own_reads = reader_task
+        .await
+        .context("the reading client's task panicked")?
+        .context("the reading client stopped")?;
     let ran = load_started.elapsed();
     let report = write_side.report();
     // No order comes any more: the feed's work is done.
@@ -847,5 +972,6 @@ async fn story(
         dead_letters,
         parked,
         reconciled,
+        own_reads,
     })
 }

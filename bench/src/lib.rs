@@ -940,16 +940,16 @@ async fn phases(options: &Options, pool: &Pool, url: &str) -> Result<Figures, Be
 /// Readers that wait for their writes at once (`projector.wait_applied`) while the latency
 /// phase's feed runs, with the notifier, on a version of its own made live for the phase (a
 /// wait reads the live version; the placeholder is live again after it): write (the event
-/// handed to the producer) to readable (`applied`). About fifty waits a second, each on a
+/// handed to the producer) to readable (`applied`). About 25 waits a second, each on a
 /// connection of a pool of readers, whatever the rate.
 async fn read_your_writes(
     options: &Options,
     b: &Bench<'_>,
     f: &mut Figures,
 ) -> Result<(), BenchError> {
-    const READERS: usize = 32;
+    const READERS: usize = 16;
     let count = usize::try_from(options.latency_rate * options.latency_seconds + 1)?;
-    let every = usize::try_from((options.latency_rate / 50).max(1))?;
+    let every = usize::try_from((options.latency_rate / 25).max(1))?;
     eprintln!(
         "bench: read your writes: {count} events at {} events/s; every {every}th waited for in projector.wait_applied",
         options.latency_rate

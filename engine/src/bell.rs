@@ -22,7 +22,7 @@
 //!   (within [`PERIOD`]). When the holder stops, its session ends, the bell is free, and
 //!   another process's notifier takes it at its next turn.
 //! - **No notifier.** With no engine running (or `projector run --no-notify`), the bell is
-//!   free: a waiter's lock is granted at once, and it checks every 50 ms instead.
+//!   free: a waiter finds it so (a try before it queues) and checks every 50 ms instead.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};

@@ -94,6 +94,33 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
         after("suspect "),
     );
     assert!(stale > 0 && source > 0 && suspect > 0, "{quotes}");
+
+    // A client read its own writes: every order it placed and the write side accepted was
+    // seen in portfolio, at once or after a wait in projector.wait_applied, none parked.
+    let own = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("own reads "))
+        .unwrap_or_else(|| panic!("no own reads line:\n{all}"));
+    let count = |name: &str| -> i64 {
+        own.split(name)
+            .next()
+            .and_then(|before| {
+                before
+                    .trim_end()
+                    .rsplit(|c: char| !c.is_ascii_digit())
+                    .next()
+            })
+            .map(number)
+            .unwrap_or_else(|| panic!("no {name:?} in {own:?}"))
+    };
+    let orders = count(" orders by a client");
+    assert!(orders > 0, "{own}");
+    assert_eq!(
+        count(" saw it at once") + count(" reads waited") + count(" timed out") + count(" parked;"),
+        orders,
+        "{own}"
+    );
+    assert_eq!(count(" parked;"), 0, "{own}");
     let write = |name: &str| -> i64 {
         stdout
             .split(name)

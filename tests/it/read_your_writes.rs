@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::broker::{Broker, Kafka};
-use crate::support::kafka::publish;
+use crate::support::kafka::{publish, publish_raw, Raw};
 use crate::support::{eventually, fills};
 use projector_engine::kafka::source::NoObserver;
 use projector_engine::kafka::supervisor::{run_live, LiveOptions};
@@ -473,6 +473,51 @@ async fn many_concurrent_waiters_are_each_woken_by_their_write() {
         let (answer, took) = w.await.expect("waiter");
         assert_eq!(answer, Applied::Applied);
         assert!(took < LONG, "{took:?}");
+    }
+    engine.stop().await;
+}
+
+/// An event of a version the views do not read is held, never applied: a wait for it, or for
+/// a later event of its account, answers `parked`, in an order-independent view too, where
+/// the later event is applied around it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_held_for_its_version_never_counts_as_applied() {
+    let broker = Broker::start(&[(TOPIC, 2)]);
+    let kafka = broker.kafka();
+    let db = TestDb::new(&views()).await;
+    let engine = Engine::start(&db, &kafka, &["portfolio", "eod"]);
+    // `projector publish` refuses a version it does not know; a newer producer would not.
+    let raw: Vec<Raw> = [one(8, 1), one(8, 2).with_version(99), one(8, 3)]
+        .iter()
+        .map(|e| (Some(e.key()), e.payload()))
+        .collect();
+    publish_raw(&kafka.bootstrap_servers(), &kafka.topic(TOPIC), &raw).await;
+    eventually(
+        "both views to park account 8 at seq 2, eod having applied seq 3",
+        || async {
+            let client = db.client().await;
+            let parks: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM projector.parked_accounts \
+                     WHERE account_id = 8 AND blocked_seq = 2 AND reason = 'unknown_version'",
+                    &[],
+                )
+                .await
+                .expect("parks")
+                .get(0);
+            (parks, applied(&db, "eod", 8).await)
+        },
+        |(parks, eod)| *parks == 2 && *eod == Some(3),
+    )
+    .await;
+    for view in ["portfolio", "eod"] {
+        for seq in [2, 3] {
+            let (answer, took) = waiter(&db, view, 8, seq, LONG).await.expect("waiter");
+            assert_eq!(answer, Applied::Parked, "{view} seq {seq}");
+            assert!(took < Duration::from_secs(2), "{view} seq {seq}: {took:?}");
+        }
+        let (answer, _) = waiter(&db, view, 8, 1, LONG).await.expect("waiter");
+        assert_eq!(answer, Applied::Applied, "{view} seq 1");
     }
     engine.stop().await;
 }
