@@ -383,7 +383,13 @@ impl<'b> Work<'b> {
                 watermark: initial.watermark,
                 waiting: waiting.remove(&account_id).unwrap_or_default(),
             };
-            let plan = sequencer::plan(stored, &events, ordered, &|item| self.is_held(item));
+            // One event is its id and its `occurred_at`, whatever the version it came in.
+            let same = |a: Item, b: Item| match (self.event(a), self.event(b)) {
+                (Some(x), Some(y)) => x.event_id == y.event_id && x.occurred_at == y.occurred_at,
+                _ => false,
+            };
+            let plan =
+                sequencer::plan_with(stored, &events, ordered, &|item| self.is_held(item), &same);
             for (&(_, item), verdict) in events.iter().zip(&plan.verdicts) {
                 let Item::Batch(i) = item else { continue };
                 self.dispositions[i] = match verdict {
