@@ -592,3 +592,50 @@ async fn a_type_version_that_is_not_a_positive_integer_or_is_named_twice_is_pois
         }
     }
 }
+
+/// A copy of an event already applied, at a version the view does not read (the producer
+/// published the event again after an upgrade: same id, same `occurred_at`), is a duplicate:
+/// it parks nothing and waits for nothing. An order-independent view, which does not track
+/// `seq`, asks the inbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "hole: in eod a held copy of an applied event waits and parks its account until a build that reads it drains it as a duplicate"]
+async fn a_held_copy_of_an_applied_event_is_a_duplicate_not_a_park() {
+    let f1 = fill(1, 1, AT, "EURUSD", "buy", "10", "1.1", "0.1");
+    let f2 = fill(1, 2, AT, "EURUSD", "sell", "4", "1.2", "0.1");
+    let f3 = fill(1, 3, AT, "EURUSD", "buy", "2", "1.3", "0");
+    let v1 = [f1.clone(), f2.clone(), f3.clone()];
+    let published = [f1.clone(), v2(&f2), f3.clone(), v3(&f2), v3(&f1)];
+    for name in ["portfolio", "eod"] {
+        let expected = reference(name, &v1).await;
+        for batch_len in [1, 2, 10] {
+            let db = TestDb::new(&views()).await;
+            let mut client = db.client().await;
+            let applier = applier(Reads::plus(current(name), Vec::new()));
+            let outcomes = consume(
+                &applier,
+                &mut client,
+                &Partition::from_events(TOPIC, 0, &published),
+                batch_len,
+            )
+            .await;
+            let what = format!("{name}, batches of {batch_len}");
+            assert_eq!(dump(&client, &*current(name)).await, expected, "{what}");
+            let c = outcomes.iter().fold(Counts::default(), |mut t, o| {
+                t += &o.counts;
+                t
+            });
+            assert_eq!(
+                (c.applied, c.duplicates(), c.waiting, c.drained),
+                (3, 2, 0, 0),
+                "{what}: {c:?}"
+            );
+            for table in ["parked_accounts", "waiting_events", "dead_letters"] {
+                assert_eq!(
+                    one(&client, &format!("SELECT count(*) FROM projector.{table}")).await,
+                    0,
+                    "{what}: {table}"
+                );
+            }
+        }
+    }
+}
