@@ -598,7 +598,6 @@ async fn a_type_version_that_is_not_a_positive_integer_or_is_named_twice_is_pois
 /// it parks nothing and waits for nothing. An order-independent view, which does not track
 /// `seq`, asks the inbox.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: in eod a held copy of an applied event waits and parks its account until a build that reads it drains it as a duplicate"]
 async fn a_held_copy_of_an_applied_event_is_a_duplicate_not_a_park() {
     let f1 = fill(1, 1, AT, "EURUSD", "buy", "10", "1.1", "0.1");
     let f2 = fill(1, 2, AT, "EURUSD", "sell", "4", "1.2", "0.1");

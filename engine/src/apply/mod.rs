@@ -1039,6 +1039,7 @@ impl Applier {
         }
         let checked: HashSet<(String, DateTime<Utc>)> = keys.into_iter().collect();
         work.classify_taken(&checked, &known);
+        work.drop_held_copies(&known);
         work.mark_repeated_ids();
         Ok(())
     }

@@ -547,8 +547,42 @@ impl<'b> Work<'b> {
                     ids.push((ev.event_id.as_str(), ev.occurred_at));
                 }
             }
+            // An order-independent view does not track `seq`: only the inbox knows whether
+            // an event held for its version was applied before, in a copy it could read.
+            for i in held_to_wait(acc) {
+                if let Some(ev) = self.decoded[i].event() {
+                    ids.push((ev.event_id.as_str(), ev.occurred_at));
+                }
+            }
         }
         ids
+    }
+
+    /// Events of this batch held for their version in an order-independent view whose
+    /// identity the inbox has (`known`, among the events [`Work::ids_to_check`] looked up):
+    /// the same event applied before, from a copy the view could read. Each is a duplicate,
+    /// not a waiting event: it would park its account until a build that reads its version
+    /// drained it as that duplicate.
+    pub(crate) fn drop_held_copies(&mut self, known: &HashSet<(String, DateTime<Utc>)>) {
+        let mut copies = Vec::new();
+        for (a, acc) in self.accounts.iter().enumerate() {
+            for i in held_to_wait(acc) {
+                let Some(ev) = self.decoded[i].event() else {
+                    continue;
+                };
+                if known.contains(&(ev.event_id.clone(), ev.occurred_at)) {
+                    copies.push((a, i, ev.seq));
+                }
+            }
+        }
+        for (a, i, seq) in copies {
+            let waiting = &mut self.accounts[a].plan.waiting;
+            if waiting.get(&seq) == Some(&Item::Batch(i)) {
+                waiting.remove(&seq);
+            }
+            self.dispositions[i] = Disposition::Duplicate;
+            self.counts.dup_inbox += 1;
+        }
     }
 
     /// Tells true duplicates from conflicts among the events whose `seq` was taken. `known`
@@ -876,6 +910,15 @@ enum Holder {
 }
 
 /// Batch messages of `acc` whose verdict is "taken before this batch".
+/// The batch events an order-independent view's plan leaves waiting: held for their version.
+fn held_to_wait(acc: &AccountWork) -> impl Iterator<Item = usize> + '_ {
+    acc.incoming
+        .iter()
+        .zip(&acc.plan.verdicts)
+        .filter(move |(_, v)| !acc.plan.ordered && **v == Verdict::Wait)
+        .map(|(&i, _)| i)
+}
+
 fn taken_before(acc: &AccountWork) -> impl Iterator<Item = usize> + '_ {
     acc.incoming
         .iter()
