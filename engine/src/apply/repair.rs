@@ -537,6 +537,7 @@ impl Applier {
                     &limit,
                     &types,
                     &versions,
+                    &(self.tracking == super::Tracking::Watermark),
                 ],
             )
             .await
