@@ -447,6 +447,75 @@ mod tests {
     }
 
     #[test]
+    fn a_readable_copy_of_a_held_event_takes_its_place() {
+        // Seq 2 waits held (stored); the batch brings a copy of it the view reads (item 0),
+        // then seq 3.
+        let stored = Stored {
+            last_seq: 1,
+            waiting: [(2, Item::Stored(0))].into(),
+            ..Stored::default()
+        };
+        let held = |item: Item| item == Item::Stored(0);
+        let same = |a: Item, b: Item| {
+            matches!(
+                (a, b),
+                (Item::Batch(0), Item::Stored(0)) | (Item::Stored(0), Item::Batch(0))
+            )
+        };
+        let p = plan_with(stored.clone(), &incoming(&[2, 3]), true, &held, &same);
+        assert_eq!(seqs(&p), [2, 3]);
+        assert_eq!(p.stale, [(2, Item::Stored(0))], "the held one leaves");
+        assert_eq!(p.blocked_seq(), None);
+        // Another event at the held seq is judged by its id as before.
+        let p = plan_with(stored, &incoming(&[2, 3]), true, &held, &|_, _| false);
+        assert_eq!(p.verdicts[0], Verdict::Taken(Some(Item::Stored(0))));
+        assert_eq!(p.blocked_seq(), Some(2));
+
+        // Both in one batch: the held copy first (item 1), then the readable one (item 2).
+        let held = |item: Item| item == Item::Batch(1);
+        let same = |a: Item, b: Item| {
+            matches!(
+                (a, b),
+                (Item::Batch(1), Item::Batch(2)) | (Item::Batch(2), Item::Batch(1))
+            )
+        };
+        for ordered in [true, false] {
+            let p = plan_with(
+                Stored::default(),
+                &incoming(&[1, 2, 2]),
+                ordered,
+                &held,
+                &same,
+            );
+            assert_eq!(seqs(&p), [1, 2], "ordered: {ordered}");
+            assert_eq!(
+                p.verdicts,
+                [
+                    Verdict::Emit,
+                    Verdict::Taken(Some(Item::Batch(2))),
+                    Verdict::Emit
+                ],
+                "ordered: {ordered}"
+            );
+            assert!(p.waiting.is_empty(), "ordered: {ordered}");
+        }
+        // The readable copy first: the held one is its duplicate.
+        let held = |item: Item| item == Item::Batch(2);
+        for ordered in [true, false] {
+            let p = plan_with(
+                Stored::default(),
+                &incoming(&[1, 2, 2]),
+                ordered,
+                &held,
+                &same,
+            );
+            assert_eq!(seqs(&p), [1, 2], "ordered: {ordered}");
+            assert_eq!(p.verdicts[2], Verdict::Taken(Some(Item::Batch(1))));
+            assert!(p.waiting.is_empty(), "ordered: {ordered}");
+        }
+    }
+
+    #[test]
     fn an_order_independent_view_holds_back_only_the_held_event() {
         let held = |item: Item| matches!(item, Item::Batch(1) | Item::Batch(3) | Item::Stored(0));
         let stored = Stored {
