@@ -167,11 +167,15 @@ pub const INSERT_DEAD_LETTERS: &str = "INSERT INTO projector.dead_letters \
 pub const RETRIED_WAITING_NOTE: &str = "waiting";
 
 /// Events that must wait, with their raw bytes.
+/// An event held for its version carries its type and version (`$10`, `$11`; NULL for the
+/// others), for [`DRAINABLE_ACCOUNTS`].
 pub const INSERT_WAITING: &str = "INSERT INTO projector.waiting_events \
-     (consumer, account_id, seq, event_id, topic, partition, \"offset\", message_key, payload) \
-     SELECT $1, a, s, e, t, p, o, mk, pl \
+     (consumer, account_id, seq, event_id, topic, partition, \"offset\", message_key, payload, \
+      event_type, type_version) \
+     SELECT $1, a, s, e, t, p, o, mk, pl, ht, hv \
      FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::int[], $7::bigint[], \
-                 $8::bytea[], $9::bytea[]) AS x(a, s, e, t, p, o, mk, pl) \
+                 $8::bytea[], $9::bytea[], $10::text[], $11::int[]) \
+          AS x(a, s, e, t, p, o, mk, pl, ht, hv) \
      ON CONFLICT (consumer, account_id, seq) DO NOTHING";
 
 /// Waiting events that left the table in this batch: applied, ignored or dead-lettered.
@@ -256,13 +260,22 @@ pub const RESOLVE_SUPERSEDED: &str = "UPDATE projector.dead_letters d \
 /// drainable once the build looking reads that version: `$5` and `$6` are the types the
 /// view subscribes to and the version it reads each at. A build that still does not read it
 /// passes it by, so it never drains the same accounts in vain. In an order-independent view
-/// such parks are the only ones, and their held events wait at any `seq`.
+/// (`$7`) such parks are the only ones, and their held events wait at any `seq`, each for
+/// itself: the park names the lowest, and the account is drainable when this build reads any
+/// of them (the waiting events' own type and version, V0012; an event stored before has
+/// none and is found through the park alone). In an order-dependent view only the event at
+/// the blocking `seq` can let the account move.
 pub const DRAINABLE_ACCOUNTS: &str = "SELECT k.account_id FROM projector.parked_accounts k \
      LEFT JOIN projector.account_progress p ON p.consumer = k.consumer AND p.account_id = k.account_id \
      WHERE k.consumer = $1 \
        AND (k.reason <> 'unknown_version' \
             OR k.type_version <= coalesce((SELECT r.v FROM unnest($5::text[], $6::int[]) AS r(t, v) \
-                                           WHERE r.t = k.event_type), 1)) \
+                                           WHERE r.t = k.event_type), 1) \
+            OR ($7 AND EXISTS (SELECT 1 FROM projector.waiting_events h \
+                   WHERE h.consumer = $1 AND h.account_id = k.account_id \
+                     AND h.topic = $2 AND h.partition = $3 \
+                     AND h.type_version <= coalesce((SELECT r.v FROM unnest($5::text[], $6::int[]) AS r(t, v) \
+                                                     WHERE r.t = h.event_type), 1)))) \
        AND EXISTS (SELECT 1 FROM projector.waiting_events w \
          WHERE w.consumer = $1 AND w.account_id = k.account_id \
            AND (k.reason = 'unknown_version' \

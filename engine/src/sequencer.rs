@@ -81,18 +81,37 @@ impl Plan {
     }
 }
 
-/// Runs the state machine over `incoming` (`seq` and item, in offset order). `ordered` is
-/// false for an order-independent view. `held` tells the events held back for their version
-/// (newer than the view reads): such an event holds its `seq` but is never emitted, so it
-/// waits, and in an order-dependent view everything after it waits behind it.
+/// [`plan_with`] where no two items are known to be one event.
+#[cfg(test)]
 pub(crate) fn plan(
     stored: Stored,
     incoming: &[(i64, Item)],
     ordered: bool,
     held: &dyn Fn(Item) -> bool,
 ) -> Plan {
+    plan_with(stored, incoming, ordered, held, &|_, _| false)
+}
+
+/// Runs the state machine over `incoming` (`seq` and item, in offset order). `ordered` is
+/// false for an order-independent view. `held` tells the events held back for their version
+/// (newer than the view reads): such an event holds its `seq` but is never emitted, so it
+/// waits, and in an order-dependent view everything after it waits behind it.
+///
+/// `same` tells two items that are one event (its id and `occurred_at`), whatever their
+/// versions: a copy the view can read of an event held for its version (a producer that
+/// went back to a version the consumers read, or published the event at both) takes the held
+/// one's place, which leaves as its duplicate; and a held copy of an event emitted here is
+/// a duplicate of it. Otherwise the held copy would keep its account waiting for a build
+/// that reads a version the producer may never publish again.
+pub(crate) fn plan_with(
+    stored: Stored,
+    incoming: &[(i64, Item)],
+    ordered: bool,
+    held: &dyn Fn(Item) -> bool,
+    same: &dyn Fn(Item, Item) -> bool,
+) -> Plan {
     if !ordered {
-        return plan_unordered(stored, incoming, held);
+        return plan_unordered(stored, incoming, held, same);
     }
     let Stored {
         last_seq,
@@ -122,7 +141,16 @@ pub(crate) fn plan(
     );
     let mut verdicts = Vec::with_capacity(incoming.len());
 
-    for &(seq, item) in incoming {
+    for (pos, &(seq, item)) in incoming.iter().enumerate() {
+        let below = watermark.is_some_and(|w| seq <= w) || seq <= last_seq;
+        if !below && !held(item) {
+            if let Some(&holder) = waiting.get(&seq) {
+                if held(holder) && same(item, holder) {
+                    waiting.remove(&seq);
+                    replace_held(incoming, pos, holder, item, &mut verdicts, &mut stale);
+                }
+            }
+        }
         let verdict = if watermark.is_some_and(|w| seq <= w) {
             Verdict::Watermark
         } else if seq <= last_seq {
@@ -157,6 +185,27 @@ pub(crate) fn plan(
     }
 }
 
+/// A held event whose readable copy, at `incoming[pos]`, takes its place: a stored one
+/// leaves the waiting table as a duplicate (`stale`); one of this batch, earlier in
+/// `incoming`, becomes the copy's duplicate.
+fn replace_held(
+    incoming: &[(i64, Item)],
+    pos: usize,
+    holder: Item,
+    copy: Item,
+    verdicts: &mut [Verdict],
+    stale: &mut Vec<(i64, Item)>,
+) {
+    match holder {
+        Item::Stored(_) => stale.push((incoming[pos].0, holder)),
+        Item::Batch(_) => {
+            if let Some(k) = incoming[..pos].iter().position(|&(_, i)| i == holder) {
+                verdicts[k] = Verdict::Taken(Some(copy));
+            }
+        }
+    }
+}
+
 /// Emits what waits right after `last_seq`, in order, up to the first held event.
 fn drain(
     waiting: &mut BTreeMap<i64, Item>,
@@ -180,7 +229,12 @@ fn drain(
 /// waited (held for their version, or under an older engine) included, but for held events:
 /// they wait, alone, each at its `seq` (a second event at a held `seq` is judged by its id);
 /// `last_seq` is not tracked.
-fn plan_unordered(stored: Stored, incoming: &[(i64, Item)], held: &dyn Fn(Item) -> bool) -> Plan {
+fn plan_unordered(
+    stored: Stored,
+    incoming: &[(i64, Item)],
+    held: &dyn Fn(Item) -> bool,
+    same: &dyn Fn(Item, Item) -> bool,
+) -> Plan {
     let Stored {
         last_seq,
         watermark,
@@ -188,6 +242,7 @@ fn plan_unordered(stored: Stored, incoming: &[(i64, Item)], held: &dyn Fn(Item) 
     } = stored;
     let mut waiting = BTreeMap::new();
     let mut emitted = Vec::new();
+    let mut stale = Vec::new();
     for (seq, item) in stored {
         if held(item) {
             waiting.insert(seq, item);
@@ -195,28 +250,35 @@ fn plan_unordered(stored: Stored, incoming: &[(i64, Item)], held: &dyn Fn(Item) 
             emitted.push((seq, item));
         }
     }
-    let verdicts = incoming
-        .iter()
-        .map(|&(seq, item)| {
-            if watermark.is_some_and(|w| seq <= w) {
-                Verdict::Watermark
-            } else if !held(item) {
-                emitted.push((seq, item));
-                Verdict::Emit
-            } else if let Some(&holder) = waiting.get(&seq) {
-                Verdict::Taken(Some(holder))
-            } else {
-                waiting.insert(seq, item);
-                Verdict::Wait
+    let mut verdicts = Vec::with_capacity(incoming.len());
+    for (pos, &(seq, item)) in incoming.iter().enumerate() {
+        let verdict = if watermark.is_some_and(|w| seq <= w) {
+            Verdict::Watermark
+        } else if !held(item) {
+            if let Some(&holder) = waiting.get(&seq) {
+                if same(item, holder) {
+                    waiting.remove(&seq);
+                    replace_held(incoming, pos, holder, item, &mut verdicts, &mut stale);
+                }
             }
-        })
-        .collect();
+            emitted.push((seq, item));
+            Verdict::Emit
+        } else if let Some(&(_, copy)) = emitted.iter().find(|&&(s, e)| s == seq && same(item, e)) {
+            Verdict::Taken(Some(copy))
+        } else if let Some(&holder) = waiting.get(&seq) {
+            Verdict::Taken(Some(holder))
+        } else {
+            waiting.insert(seq, item);
+            Verdict::Wait
+        };
+        verdicts.push(verdict);
+    }
     Plan {
         emitted,
         verdicts,
         waiting,
         last_seq,
-        stale: Vec::new(),
+        stale,
         ordered: false,
     }
 }
@@ -382,6 +444,75 @@ mod tests {
         let p = plan(stored, &incoming(&[4]), true, &none);
         assert_eq!(seqs(&p), [2, 3, 4]);
         assert_eq!(p.blocked_seq(), None);
+    }
+
+    #[test]
+    fn a_readable_copy_of_a_held_event_takes_its_place() {
+        // Seq 2 waits held (stored); the batch brings a copy of it the view reads (item 0),
+        // then seq 3.
+        let stored = Stored {
+            last_seq: 1,
+            waiting: [(2, Item::Stored(0))].into(),
+            ..Stored::default()
+        };
+        let held = |item: Item| item == Item::Stored(0);
+        let same = |a: Item, b: Item| {
+            matches!(
+                (a, b),
+                (Item::Batch(0), Item::Stored(0)) | (Item::Stored(0), Item::Batch(0))
+            )
+        };
+        let p = plan_with(stored.clone(), &incoming(&[2, 3]), true, &held, &same);
+        assert_eq!(seqs(&p), [2, 3]);
+        assert_eq!(p.stale, [(2, Item::Stored(0))], "the held one leaves");
+        assert_eq!(p.blocked_seq(), None);
+        // Another event at the held seq is judged by its id as before.
+        let p = plan_with(stored, &incoming(&[2, 3]), true, &held, &|_, _| false);
+        assert_eq!(p.verdicts[0], Verdict::Taken(Some(Item::Stored(0))));
+        assert_eq!(p.blocked_seq(), Some(2));
+
+        // Both in one batch: the held copy first (item 1), then the readable one (item 2).
+        let held = |item: Item| item == Item::Batch(1);
+        let same = |a: Item, b: Item| {
+            matches!(
+                (a, b),
+                (Item::Batch(1), Item::Batch(2)) | (Item::Batch(2), Item::Batch(1))
+            )
+        };
+        for ordered in [true, false] {
+            let p = plan_with(
+                Stored::default(),
+                &incoming(&[1, 2, 2]),
+                ordered,
+                &held,
+                &same,
+            );
+            assert_eq!(seqs(&p), [1, 2], "ordered: {ordered}");
+            assert_eq!(
+                p.verdicts,
+                [
+                    Verdict::Emit,
+                    Verdict::Taken(Some(Item::Batch(2))),
+                    Verdict::Emit
+                ],
+                "ordered: {ordered}"
+            );
+            assert!(p.waiting.is_empty(), "ordered: {ordered}");
+        }
+        // The readable copy first: the held one is its duplicate.
+        let held = |item: Item| item == Item::Batch(2);
+        for ordered in [true, false] {
+            let p = plan_with(
+                Stored::default(),
+                &incoming(&[1, 2, 2]),
+                ordered,
+                &held,
+                &same,
+            );
+            assert_eq!(seqs(&p), [1, 2], "ordered: {ordered}");
+            assert_eq!(p.verdicts[2], Verdict::Taken(Some(Item::Batch(1))));
+            assert!(p.waiting.is_empty(), "ordered: {ordered}");
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod engine_poison;
 mod engine_pool;
 mod engine_schedules;
 mod event_versions;
+mod event_versions_review;
 mod examples_custom_views;
 mod inbox_layout;
 mod inbox_move;

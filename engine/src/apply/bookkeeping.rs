@@ -129,10 +129,22 @@ struct Waiting<'a> {
     offset: Vec<i64>,
     key: Vec<Option<&'a [u8]>>,
     payload: Vec<&'a [u8]>,
+    /// For an event held for its version: its type and version.
+    held_type: Vec<Option<&'a str>>,
+    held_version: Vec<Option<i32>>,
 }
 
 impl<'a> Waiting<'a> {
-    fn push(&mut self, account: i64, seq: i64, event_id: &'a str, source: Source<'a>) {
+    fn push(
+        &mut self,
+        account: i64,
+        seq: i64,
+        event_id: &'a str,
+        source: Source<'a>,
+        held: Option<&'a Event>,
+    ) {
+        self.held_type.push(held.map(|e| e.event_type.as_str()));
+        self.held_version.push(held.map(|e| e.type_version));
         self.account.push(account);
         self.seq.push(seq);
         self.event_id.push(event_id);
@@ -284,8 +296,9 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
         }
         for (&seq, &item) in &acc.plan.waiting {
             if let (Item::Batch(_), Some(ev)) = (item, work.event(item)) {
+                let held = work.held(item).map(|(e, _)| e);
                 rows.wait
-                    .push(acc.account_id, seq, &ev.event_id, work.source(item));
+                    .push(acc.account_id, seq, &ev.event_id, work.source(item), held);
             }
         }
         let failed: std::collections::HashSet<usize> =
@@ -453,6 +466,8 @@ impl Applier {
                     &w.offset,
                     &w.key,
                     &w.payload,
+                    &w.held_type,
+                    &w.held_version,
                 ],
             )
             .await

@@ -741,9 +741,25 @@ impl Applier {
                 }
                 check_data(&event).map_err(|e| versioned(&event, seen, seen, e))?;
                 if seen < reads {
-                    self.upcasters
-                        .upcast(&mut event)
-                        .map_err(|e| e.to_string())?;
+                    // Upcasters are the view's own Rust code too: a panic in one poisons this
+                    // event for the view, as one in `validate` does, instead of ending the
+                    // partition's worker with the batch (met again on every restart).
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.upcasters.upcast(&mut event)
+                    }))
+                    .map_err(|panic| {
+                        versioned(
+                            &event,
+                            seen,
+                            reads,
+                            format!(
+                                "an upcaster of view {} panicked: {}",
+                                self.consumer,
+                                panic_message(&*panic)
+                            ),
+                        )
+                    })?
+                    .map_err(|e| e.to_string())?;
                     check_data(&event).map_err(|e| versioned(&event, seen, reads, e))?;
                 }
                 let values = extract_fields(&event, &self.fields)
@@ -1052,6 +1068,7 @@ impl Applier {
         }
         let checked: HashSet<(String, DateTime<Utc>)> = keys.into_iter().collect();
         work.classify_taken(&checked, &known);
+        work.drop_held_copies(&known);
         work.mark_repeated_ids();
         if self.tracking == Tracking::Watermark && self.projection.dedup().uses_inbox() {
             self.count_below_seen(tx, work).await?;

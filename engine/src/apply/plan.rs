@@ -386,7 +386,13 @@ impl<'b> Work<'b> {
                 watermark: initial.watermark,
                 waiting: waiting.remove(&account_id).unwrap_or_default(),
             };
-            let plan = sequencer::plan(stored, &events, ordered, &|item| self.is_held(item));
+            // One event is its id and its `occurred_at`, whatever the version it came in.
+            let same = |a: Item, b: Item| match (self.event(a), self.event(b)) {
+                (Some(x), Some(y)) => x.event_id == y.event_id && x.occurred_at == y.occurred_at,
+                _ => false,
+            };
+            let plan =
+                sequencer::plan_with(stored, &events, ordered, &|item| self.is_held(item), &same);
             for (&(_, item), verdict) in events.iter().zip(&plan.verdicts) {
                 let Item::Batch(i) = item else { continue };
                 self.dispositions[i] = match verdict {
@@ -544,6 +550,13 @@ impl<'b> Work<'b> {
                     ids.push((ev.event_id.as_str(), ev.occurred_at));
                 }
             }
+            // An order-independent view does not track `seq`: only the inbox knows whether
+            // an event held for its version was applied before, in a copy it could read.
+            for i in held_to_wait(acc) {
+                if let Some(ev) = self.decoded[i].event() {
+                    ids.push((ev.event_id.as_str(), ev.occurred_at));
+                }
+            }
         }
         ids
     }
@@ -579,6 +592,33 @@ impl<'b> Work<'b> {
             }
         }
         below
+    }
+
+    /// Events of this batch held for their version in an order-independent view whose
+    /// identity the inbox has (`known`, among the events [`Work::ids_to_check`] looked up):
+    /// the same event applied before, from a copy the view could read. Each is a duplicate,
+    /// not a waiting event: it would park its account until a build that reads its version
+    /// drained it as that duplicate.
+    pub(crate) fn drop_held_copies(&mut self, known: &HashSet<(String, DateTime<Utc>)>) {
+        let mut copies = Vec::new();
+        for (a, acc) in self.accounts.iter().enumerate() {
+            for i in held_to_wait(acc) {
+                let Some(ev) = self.decoded[i].event() else {
+                    continue;
+                };
+                if known.contains(&(ev.event_id.clone(), ev.occurred_at)) {
+                    copies.push((a, i, ev.seq));
+                }
+            }
+        }
+        for (a, i, seq) in copies {
+            let waiting = &mut self.accounts[a].plan.waiting;
+            if waiting.get(&seq) == Some(&Item::Batch(i)) {
+                waiting.remove(&seq);
+            }
+            self.dispositions[i] = Disposition::Duplicate;
+            self.counts.dup_inbox += 1;
+        }
     }
 
     /// Tells true duplicates from conflicts among the events whose `seq` was taken. `known`
@@ -917,6 +957,15 @@ enum Holder {
 }
 
 /// Batch messages of `acc` whose verdict is "taken before this batch".
+/// The batch events an order-independent view's plan leaves waiting: held for their version.
+fn held_to_wait(acc: &AccountWork) -> impl Iterator<Item = usize> + '_ {
+    acc.incoming
+        .iter()
+        .zip(&acc.plan.verdicts)
+        .filter(move |(_, v)| !acc.plan.ordered && **v == Verdict::Wait)
+        .map(|(&i, _)| i)
+}
+
 fn taken_before(acc: &AccountWork) -> impl Iterator<Item = usize> + '_ {
     acc.incoming
         .iter()

@@ -550,6 +550,7 @@ impl Applier {
                     &limit,
                     &types,
                     &versions,
+                    &(self.tracking == super::Tracking::Watermark),
                 ],
             )
             .await
