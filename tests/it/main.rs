@@ -40,6 +40,7 @@ mod ops_repairs;
 mod ops_repairs_during_a_drop;
 mod ops_retry_into_waiting;
 mod ops_status;
+mod portfolio_fold;
 mod rebuild;
 mod rebuild_notices;
 mod rebuild_tail_blocked;
