@@ -3,12 +3,12 @@
 //!
 //! Per partition (one connection each, concurrently, like the engine's workers; one connection
 //! for all partitions was slower) and per chunk of its events, one transaction:
-//! `COPY ... FROM STDIN (FORMAT binary)` of the inbox rows; then, pipelined, the view rows each
-//! event leaves behind (values from the fold), upserted in key-disjoint rounds of one
-//! set-based statement each, the accounts' progress and the fenced offset updates; commit.
-//! Every row version the engine writes is written here too: one inbox row and one view-row
-//! upsert per applied event and table (eod: one per account and day and chunk, as the
-//! engine's order-independent statement aggregates a batch), progress and offsets per chunk.
+//! `COPY ... FROM STDIN (FORMAT binary)` of the inbox rows; then, pipelined, the view rows the
+//! chunk leaves behind (values from the fold), each key once, upserted by one set-based
+//! statement per table, the accounts' progress and the fenced offset updates; commit. Every
+//! row version the engine writes is written here too: one inbox row per applied event and
+//! view, one view-row upsert per key and chunk (portfolio and risk fold each account's run of
+//! a batch, eod aggregates a batch), progress and offsets per chunk.
 //!
 //! [`Targets`] says which views: portfolio alone (the one-view ceiling), or portfolio, risk
 //! and eod (the all-views ceiling). The all-views ceiling writes the three views' rows in one
@@ -248,12 +248,12 @@ async fn partition(
         }
         writer.finish().await.doing("ceiling: COPY end")?;
 
-        // Key-disjoint rounds: round r holds the r-th write of each key.
-        let mut rounds: Vec<Round> = Vec::new();
-        let mut depth: HashMap<(i64, usize), usize> = HashMap::new();
-        let mut book_rounds: Vec<BookRound> = Vec::new();
-        let mut account_rounds: Vec<AccountRound> = Vec::new();
-        let mut account_depth: HashMap<i64, usize> = HashMap::new();
+        // What the chunk leaves behind, once per key: the last write of each position (and
+        // risk book row) and of each risk account row, in one set-based statement each, as
+        // the engine's statements, which fold each account's run of a batch, write them.
+        let mut last_write: BTreeMap<(i64, usize), (&Position, Option<&RiskWrite>)> =
+            BTreeMap::new();
+        let mut last_account: BTreeMap<i64, &RiskWrite> = BTreeMap::new();
         let mut touched: BTreeMap<(i64, usize), ()> = BTreeMap::new();
         let mut last_seq: BTreeMap<i64, (i64, &str)> = BTreeMap::new();
         let mut applied = 0i64;
@@ -269,22 +269,31 @@ async fn partition(
                 continue;
             };
             applied += 1;
-            let d = depth.entry((e.account_id, *s)).or_insert(0);
-            if rounds.len() <= *d {
-                rounds.push(Round::default());
-                book_rounds.push(BookRound::default());
-            }
-            rounds[*d].push(e.account_id, *s, pos);
+            last_write.insert((e.account_id, *s), (pos, item.risk));
             if let (Some(_), Some(w)) = (&risk, item.risk) {
-                book_rounds[*d].push(w);
-                let ad = account_depth.entry(e.account_id).or_insert(0);
-                if account_rounds.len() <= *ad {
-                    account_rounds.push(AccountRound::default());
-                }
-                account_rounds[*ad].push(w);
-                *ad += 1;
+                last_account.insert(e.account_id, w);
             }
-            *d += 1;
+        }
+        let mut rounds: Vec<Round> = Vec::new();
+        let mut book_rounds: Vec<BookRound> = Vec::new();
+        let mut account_rounds: Vec<AccountRound> = Vec::new();
+        if !last_write.is_empty() {
+            let (mut round, mut book) = (Round::default(), BookRound::default());
+            for ((account, s), (pos, w)) in &last_write {
+                round.push(*account, *s, pos);
+                if let (Some(_), Some(w)) = (&risk, w) {
+                    book.push(w);
+                }
+            }
+            rounds.push(round);
+            book_rounds.push(book);
+        }
+        if !last_account.is_empty() {
+            let mut round = AccountRound::default();
+            for w in last_account.values() {
+                round.push(w);
+            }
+            account_rounds.push(round);
         }
         let mut day_rows = DayRows::default();
         for key in touched.keys() {

@@ -28,6 +28,7 @@ pub struct Naive {
 
 /// The textbook statement for one event: `$1` the consumer, `$2..$7` the event.
 /// The view's declared fields are read from the `jsonb` in SQL, as a first consumer would.
+/// `emit` is false: the naive consumer writes no notices, as the measured versions write none.
 fn statement(view: &dyn Projection) -> String {
     let sql = view.apply_sql();
     let fields: String = view
@@ -44,7 +45,8 @@ fn statement(view: &dyn Projection) -> String {
         &format!(
             "WITH batch AS (SELECT b.*{fields} FROM (SELECT $2::text AS event_id, \
                     $3::bigint AS account_id, $4::bigint AS seq, $5::text AS type, \
-                    $6::timestamptz AS occurred_at, $7::text::jsonb AS data) b),\n\
+                    $6::timestamptz AS occurred_at, false AS emit, \
+                    $7::text::jsonb AS data) b),\n\
              {inbox},\n{ctes}\n,\nwritten AS (\n{write}\n)\n\
              SELECT count(*) FROM written",
             inbox = queries::INBOX_CTES,

@@ -149,8 +149,9 @@ pub struct ApplySql {
     pub ctes: String,
     /// The final statement: a data-modifying one ending in `RETURNING`, or a `SELECT` over
     /// the `RETURNING` rows of data-modifying CTEs. It returns one row per row written; with
-    /// a version filter, one event writes one row, so the engine counts events the filter
-    /// dropped as `|ev| - |written|`.
+    /// a version filter, one row per event applied (one event writes one row, or, with
+    /// [`Projection::many_per_account`], one row per event of the runs it wrote), so the
+    /// engine counts events the filter dropped as `|ev| - |written|`.
     pub write: String,
 }
 
@@ -185,8 +186,11 @@ pub trait Projection: Send + Sync + 'static {
     /// statement instead of rounds of one event per account; sequencing stays as it is (gaps
     /// park, nothing after a failed event is applied). The statement must fail wherever
     /// applying the same events one at a time would fail on one of them: after a failure
-    /// the engine runs rounds of one event per account, to find that event. Not for views
-    /// with the version filter, which counts one written row per event.
+    /// the engine runs rounds of one event per account, to find that event. With the version
+    /// filter, the filter applies to each event of the run (an event at or below the stored
+    /// row's version is dropped, the rest are folded), and `write` returns one row per event
+    /// applied, not per row written, so that `|ev| - |written|` still counts the events the
+    /// filter dropped (portfolio does both).
     fn many_per_account(&self) -> bool {
         false
     }
@@ -330,9 +334,6 @@ pub enum ViewError {
     /// A declared field is named like a column every `ev` has, or declared twice.
     #[error("view {0}: field {1:?} clashes with a column of ev; rename it")]
     BadField(String, String),
-    /// The version filter's count needs one written row per event, one event per account.
-    #[error("view {0} takes many events per account in one statement, which the version filter cannot count; use DedupMode::Inbox")]
-    ManyPerAccountWithVersionFilter(String),
     /// An order-dependent fold over unordered events gives wrong rows.
     #[error("view {0} depends on event order, but the source does not declare per-account ordering; only order-independent views can read an unordered source")]
     OrderNeedsOrdering(String),
@@ -370,11 +371,6 @@ pub fn check_compatible(
     }
     Upcasters::new(projection.upcasters())
         .map_err(|e| ViewError::Upcasters(projection.consumer(), e))?;
-    if projection.many_per_account() && projection.dedup().uses_version_filter() {
-        return Err(ViewError::ManyPerAccountWithVersionFilter(
-            projection.consumer(),
-        ));
-    }
     if ordering == SourceOrdering::Unordered {
         if projection.dedup().uses_version_filter() {
             return Err(ViewError::VersionFilterNeedsOrdering(projection.consumer()));

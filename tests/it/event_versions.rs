@@ -23,7 +23,7 @@ use projector_engine::{
 };
 use projector_rebuild::tail::Silent;
 use projector_rebuild::{Cutover, Options, Outcome, Source};
-use projector_views::previous::BeforeEventVersions;
+use projector_views::previous::{BeforeEventVersions, PortfolioInRounds};
 use projector_views::{Eod, Portfolio, Risk};
 use tokio_util::sync::CancellationToken;
 
@@ -43,7 +43,7 @@ fn current(name: &str, version: i32) -> Arc<dyn Projection> {
 /// The built-in view `name` at `version` as it was before event versions.
 fn before(name: &str, version: i32) -> Arc<dyn Projection> {
     match name {
-        "portfolio" => Arc::new(BeforeEventVersions::new(Portfolio::new(version))),
+        "portfolio" => Arc::new(BeforeEventVersions::new(PortfolioInRounds::new(version))),
         "risk" => Arc::new(BeforeEventVersions::new(Risk::new(version))),
         _ => Arc::new(BeforeEventVersions::new(Eod::new(version))),
     }
@@ -304,6 +304,9 @@ impl Projection for NoGold {
     }
     fn dedup(&self) -> DedupMode {
         self.0.dedup()
+    }
+    fn many_per_account(&self) -> bool {
+        self.0.many_per_account()
     }
     fn fields(&self) -> Vec<Field> {
         self.0.fields()
@@ -761,6 +764,60 @@ async fn versions_registered_by_the_code_before_event_versions_keep_running_afte
         );
     }
     // `projector migrate` with this build says nothing is left alone.
+    let out = run_output(&["migrate", "--database-url", db.url()]);
+    assert!(
+        out.status.success()
+            && !out.stderr.contains("left alone")
+            && !out.stdout.contains("left alone"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
+}
+
+/// The code that applied portfolio in rounds of one event per account (before it folded each
+/// account's run, issue 24) registered portfolio v1 and applied part of a stream; this build
+/// migrates the database and goes on: the version keeps running (portfolio declares that
+/// code's fingerprint), and the rows equal the fold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_portfolio_registered_by_the_code_in_rounds_keeps_running() {
+    let rounds: Arc<dyn Projection> = Arc::new(PortfolioInRounds::new(1));
+    let mut old = Registry::new();
+    old.add(rounds.clone()).expect("register");
+    let db = TestDb::new(&old).await;
+    let mut client = db.client().await;
+    let (v1, mixed) = stream(5, 10, 0x2804);
+    let half = v1.len() / 2;
+    let applier = Applier::new(rounds.clone(), SourceOrdering::PerAccount).expect("applier");
+    consume(
+        &applier,
+        &mut client,
+        &Partition::from_events(TOPIC, 0, &mixed[..half]),
+        9,
+    )
+    .await;
+
+    let report = projector_engine::migrate(&mut client, &views())
+        .await
+        .expect("migrate");
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    let verdict = fingerprint::check(&client, &*current("portfolio", 1))
+        .await
+        .expect("check");
+    assert_eq!(
+        verdict,
+        Verdict::Replaces {
+            recorded: fingerprint::of(&*rounds)
+        }
+    );
+    let log = Partition::from_events(TOPIC, 0, &mixed);
+    let applier =
+        Applier::new(current("portfolio", 1), SourceOrdering::PerAccount).expect("applier");
+    consume(&applier, &mut client, &log, 9).await;
+    assert_eq!(
+        dump(&client, &*current("portfolio", 1)).await,
+        reference("portfolio", &v1).await
+    );
     let out = run_output(&["migrate", "--database-url", db.url()]);
     assert!(
         out.status.success()

@@ -42,6 +42,7 @@ mod ops_repairs;
 mod ops_repairs_during_a_drop;
 mod ops_retry_into_waiting;
 mod ops_status;
+mod portfolio_fold;
 mod read_your_writes;
 mod rebuild;
 mod rebuild_notices;

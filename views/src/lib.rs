@@ -58,6 +58,26 @@ pub mod guide {}
 mod tests {
     use super::*;
 
+    /// The fingerprints the code that applied portfolio in rounds recorded (read off that
+    /// code): a version it registered keeps running now that portfolio folds each account's
+    /// run, which writes the same rows and notices.
+    #[test]
+    fn portfolio_replaces_the_code_in_rounds() {
+        use projector_engine::fingerprint::of;
+        use projector_engine::Projection;
+        for (version, fingerprint) in [(1, "de6b3a38958569c9"), (2, "3af4d516969cb1b7")] {
+            let rounds = previous::PortfolioInRounds::new(version);
+            assert_eq!(
+                of(&rounds),
+                fingerprint,
+                "v{version}: the code in rounds is kept"
+            );
+            let view = Portfolio::new(version);
+            assert_eq!(view.replaces()[1], fingerprint, "v{version}");
+            assert_ne!(of(&view), fingerprint, "v{version}: the code did change");
+        }
+    }
+
     #[test]
     fn the_registry_holds_version_1_of_each_view() {
         let registry = registry().expect("the built-in views register");
@@ -86,7 +106,7 @@ mod tests {
                 "risk" => Box::new(Risk::new(version)),
                 _ => Box::new(Eod::new(version)),
             };
-            assert_eq!(view.replaces(), [fingerprint], "{name} v{version}");
+            assert_eq!(view.replaces()[0], fingerprint, "{name} v{version}");
             assert_ne!(
                 of(&*view),
                 fingerprint,

@@ -9,9 +9,20 @@
 //! (`abs` keeps a quantity's scale). So the earlier code is the current one but for its
 //! declared fields and its `ctes` statement, kept in `previous.sql`, and without upcasters.
 //! Nothing runs it in production; tests run it to show the results are kept.
+//!
+//! Portfolio changed once more: it folds each account's run of a batch in one statement
+//! (`many_per_account`) where it was applied in rounds of one event per account, with the
+//! same arithmetic and rounding, so the same rows and notices. [`PortfolioInRounds`] is the
+//! code in rounds (its `ctes`, `write` and `notices` kept in `previous.sql`); the code before
+//! event versions is `BeforeEventVersions::new(PortfolioInRounds::new(v))`. Portfolio
+//! declares both fingerprints.
 
 use projector_engine::projection::named_sql;
-use projector_engine::{ApplySql, DedupMode, Field, Projection};
+use std::sync::Arc;
+
+use projector_engine::{ApplySql, DedupMode, Field, Projection, Upcaster};
+
+use crate::Portfolio;
 
 const SQL: &str = include_str!("previous.sql");
 
@@ -83,6 +94,76 @@ impl<P: Projection + Clone> Projection for BeforeEventVersions<P> {
     }
     fn notices_sql(&self) -> Option<String> {
         self.inner.notices_sql()
+    }
+    fn snapshot_sql(&self) -> Option<String> {
+        self.inner.snapshot_sql()
+    }
+}
+
+/// Portfolio as it was before it folded each account's run (applied in rounds of one event
+/// per account), reading fills and busts at version 2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortfolioInRounds {
+    inner: Portfolio,
+}
+
+impl PortfolioInRounds {
+    /// The code in rounds at `version`.
+    pub fn new(version: i32) -> Self {
+        Self {
+            inner: Portfolio::new(version),
+        }
+    }
+
+    fn section(name: &str) -> String {
+        named_sql(SQL, name)
+            .unwrap_or_else(|| panic!("views/src/previous.sql has no `-- name: {name}` section"))
+            .to_owned()
+    }
+}
+
+impl Projection for PortfolioInRounds {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn version(&self) -> i32 {
+        self.inner.version()
+    }
+    fn at_version(&self, version: i32) -> Option<Arc<dyn Projection>> {
+        Some(Arc::new(Self::new(version)))
+    }
+    fn subscribes(&self) -> &[&str] {
+        self.inner.subscribes()
+    }
+    fn dedup(&self) -> DedupMode {
+        self.inner.dedup()
+    }
+    fn many_per_account(&self) -> bool {
+        false
+    }
+    fn fields(&self) -> Vec<Field> {
+        self.inner.fields()
+    }
+    fn upcasters(&self) -> Vec<Upcaster> {
+        self.inner.upcasters()
+    }
+    fn ddl(&self) -> String {
+        self.inner.ddl()
+    }
+    fn tables(&self) -> Vec<String> {
+        self.inner.tables()
+    }
+    fn apply_sql(&self) -> ApplySql {
+        ApplySql {
+            ctes: Self::section("portfolio_ctes_in_rounds"),
+            write: Self::section("portfolio_write_in_rounds"),
+        }
+    }
+    fn read_sql(&self) -> String {
+        self.inner.read_sql()
+    }
+    fn notices_sql(&self) -> Option<String> {
+        Some(Self::section("portfolio_notices_in_rounds"))
     }
     fn snapshot_sql(&self) -> Option<String> {
         self.inner.snapshot_sql()

@@ -3,8 +3,11 @@
 //! `version`, the `seq` of the last event applied to the row.
 //!
 //! Order-dependent (an average depends on the order of fills), deduplicated by the inbox and
-//! by the version filter. The rules and the tables are in `docs/views.md`; the SQL is in
-//! `portfolio.sql` beside this file.
+//! by the version filter. One statement takes each account's events of a batch at once
+//! ([`Projection::many_per_account`]): a recursive CTE folds each position's run in `seq`
+//! order, rounding the average at every step as one event alone does, and writes the row
+//! once. The rules and the tables are in `docs/views.md`; the SQL is in `portfolio.sql`
+//! beside this file.
 
 use std::sync::Arc;
 
@@ -54,6 +57,13 @@ impl Projection for Portfolio {
         DedupMode::Both
     }
 
+    fn many_per_account(&self) -> bool {
+        // The statement folds each position's run in seq order with the same arithmetic as
+        // one event alone, and returns one row per event applied (the version filter's
+        // count); a run with an event that would fail alone fails whole (portfolio.sql).
+        true
+    }
+
     fn fields(&self) -> Vec<Field> {
         // Decoded once by the engine, as typed columns of `ev`: no JSON parsed in SQL.
         vec![
@@ -69,9 +79,15 @@ impl Projection for Portfolio {
     }
 
     fn replaces(&self) -> Vec<String> {
-        // The code before event versions read version 1 with its side; this code reads
-        // version 2, with version 1 upcast to it, and writes the same rows.
-        vec![crate::previous::fingerprint(self)]
+        // The code before event versions read version 1 with its side, and the code after it
+        // applied a batch in rounds of one event per account; this code reads version 2,
+        // with version 1 upcast to it, folds each account's run, and writes the same rows
+        // and notices.
+        let rounds = crate::previous::PortfolioInRounds::new(self.version);
+        vec![
+            crate::previous::fingerprint(&rounds),
+            projector_engine::fingerprint::of(&rounds),
+        ]
     }
 
     fn ddl(&self) -> String {
@@ -113,13 +129,13 @@ mod tests {
             .ddl()
             .contains("CREATE TABLE IF NOT EXISTS portfolio_v{v}"));
         let sql = view.apply_sql();
-        assert!(sql
-            .write
-            .ends_with("SELECT account_id, symbol, version FROM pf_opened"));
+        assert!(sql.write.ends_with("FROM pf_applied"));
         assert!(view
             .notices_sql()
-            .is_some_and(|n| n.contains("WHERE ev.emit")));
-        assert!(sql.ctes.contains("AND pv.version < t.seq"));
+            .is_some_and(|n| n.contains("WHERE f.emit")));
+        assert!(sql.ctes.contains("pv.version < t.seq"));
+        assert!(sql.ctes.contains("pv.version < l.first_seq"));
+        assert!(view.many_per_account());
         assert!(sql.ctes.trim_end().ends_with(')'));
         assert!(view.read_sql().starts_with("SELECT"));
         assert!(view
