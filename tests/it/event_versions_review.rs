@@ -13,8 +13,8 @@ use projector_engine::{
     Applier, ApplySql, Counts, Data, DedupMode, Event, Field, Projection, Registry, SourceOrdering,
     UnknownVersion, Upcaster,
 };
-use projector_views::previous::BeforeEventVersions;
-use projector_views::{Eod, Portfolio};
+use projector_views::previous::{BeforeEventVersions, PortfolioInRounds};
+use projector_views::Eod;
 
 const TOPIC: &str = "trades";
 const AT: &str = "2026-11-29T10:15:00Z";
@@ -31,7 +31,8 @@ fn current(name: &str) -> Arc<dyn Projection> {
 /// The built-in view `name` v1 as it was before event versions.
 fn before(name: &str) -> Arc<dyn Projection> {
     match name {
-        "portfolio" => Arc::new(BeforeEventVersions::new(Portfolio::new(1))),
+        // Portfolio before event versions was applied in rounds (views/src/previous.rs).
+        "portfolio" => Arc::new(BeforeEventVersions::new(PortfolioInRounds::new(1))),
         _ => Arc::new(BeforeEventVersions::new(Eod::new(1))),
     }
 }
