@@ -43,6 +43,7 @@ mod ops_repairs_during_a_drop;
 mod ops_retry_into_waiting;
 mod ops_status;
 mod read_your_writes;
+mod read_your_writes_review;
 mod rebuild;
 mod rebuild_notices;
 mod rebuild_tail_blocked;
