@@ -80,7 +80,6 @@ fn one(account: i64, seq: i64) -> EventSpec {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: an order-independent view answers applied for a dead-lettered seq once a later seq is applied"]
 async fn an_event_an_order_independent_view_dead_lettered_is_not_applied_when_a_later_one_is() {
     let broker = Broker::start(&[(TOPIC, 1)]);
     let kafka = broker.kafka();
