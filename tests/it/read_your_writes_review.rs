@@ -134,3 +134,94 @@ async fn an_event_an_order_independent_view_dead_lettered_is_not_applied_when_a_
     assert_eq!(answer, Applied::Applied, "seq 3");
     engine.stop().await;
 }
+
+/// A waiter that queues on `view`'s bell just after a ring (it checked just before the commit
+/// that rang: a lost wake-up) is granted by the notifier's periodic ring within the documented
+/// 100 ms of that ring, even while another view's commits keep the notifier busy. Measured on
+/// one connection: a shared lock granted by a ring, let go, and asked for again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "hole: a lost wake-up is heard up to two periods (about 200 ms) after the ring while other views commit"]
+async fn a_wake_up_lost_to_a_ring_is_heard_within_the_documented_bound_while_other_views_commit() {
+    use projector_engine::bell::{run_notifier, CLASS, PERIOD};
+    let db = TestDb::new(&views()).await;
+    let bell = projector_engine::Bell::new();
+    let stop = CancellationToken::new();
+    let notifier = tokio::spawn(run_notifier(bell.clone(), db.pool().clone(), stop.clone()));
+    bell.ring("review_v");
+    bell.ring("review_w");
+    let probe = db.client().await;
+    eventually(
+        "the notifier to hold both bells",
+        || async {
+            probe
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                     AND classid = $1::int::oid AND objsubid = 2 AND granted AND mode = 'ExclusiveLock' \
+                     AND objid IN ((hashtext('review_v')::bigint & 4294967295)::oid, \
+                                   (hashtext('review_w')::bigint & 4294967295)::oid)",
+                    &[&CLASS],
+                )
+                .await
+                .expect("pg_locks")
+                .get::<_, i64>(0)
+        },
+        |n| *n == 2,
+    )
+    .await;
+    // Another view commits every 30 ms.
+    let busy = {
+        let bell = bell.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(30));
+            while !stop.is_cancelled() {
+                tick.tick().await;
+                bell.ring("review_w");
+            }
+        })
+    };
+    let waiter = db.client().await;
+    let mut worst = Duration::ZERO;
+    for trial in 0..6u64 {
+        // Not a wait for a signal: the trials start at different phases of the notifier's
+        // periodic look.
+        tokio::time::sleep(Duration::from_millis(17 * trial)).await;
+        let queued = waiter.query_one(
+            "SELECT pg_advisory_lock_shared($1, hashtext('review_v'))",
+            &[&CLASS],
+        );
+        let (granted, _) = futures::join!(queued, async { bell.ring("review_v") });
+        granted.expect("rung");
+        let rang = Instant::now();
+        waiter
+            .query_one(
+                "SELECT pg_advisory_unlock_shared($1, hashtext('review_v'))",
+                &[&CLASS],
+            )
+            .await
+            .expect("let go");
+        waiter
+            .query_one(
+                "SELECT pg_advisory_lock_shared($1, hashtext('review_v'))",
+                &[&CLASS],
+            )
+            .await
+            .expect("rung again");
+        worst = worst.max(rang.elapsed());
+        waiter
+            .query_one(
+                "SELECT pg_advisory_unlock_shared($1, hashtext('review_v'))",
+                &[&CLASS],
+            )
+            .await
+            .expect("let go");
+    }
+    stop.cancel();
+    busy.await.expect("busy");
+    notifier.await.expect("notifier");
+    // The bound is PERIOD; a loaded machine gets half of it again as slack.
+    assert!(
+        worst <= PERIOD + PERIOD / 2,
+        "a lost wake-up was heard {worst:?} after the ring"
+    );
+}
