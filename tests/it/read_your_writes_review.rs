@@ -140,7 +140,6 @@ async fn an_event_an_order_independent_view_dead_lettered_is_not_applied_when_a_
 /// 100 ms of that ring, even while another view's commits keep the notifier busy. Measured on
 /// one connection: a shared lock granted by a ring, let go, and asked for again at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: a lost wake-up is heard up to two periods (about 200 ms) after the ring while other views commit"]
 async fn a_wake_up_lost_to_a_ring_is_heard_within_the_documented_bound_while_other_views_commit() {
     use projector_engine::bell::{run_notifier, CLASS, PERIOD};
     let db = TestDb::new(&views()).await;
