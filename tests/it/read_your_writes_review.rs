@@ -224,3 +224,90 @@ async fn a_wake_up_lost_to_a_ring_is_heard_within_the_documented_bound_while_oth
         "a lost wake-up was heard {worst:?} after the ring"
     );
 }
+
+/// The notifier's session dies (as in a PostgreSQL restart) while a waiter queues on the bell
+/// it held: the waiter is let go by the session's end and, the bell free, checks every 50 ms,
+/// so it answers when the write shows; the notifier opens a new session and holds the bell
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_outlives_the_notifiers_session_and_the_notifier_takes_the_bell_again() {
+    use projector_engine::bell::{run_notifier, CLASS};
+    let db = TestDb::new(&views()).await;
+    let bell = projector_engine::Bell::new();
+    let stop = CancellationToken::new();
+    let notifier = tokio::spawn(run_notifier(bell.clone(), db.pool().clone(), stop.clone()));
+    bell.ring("portfolio");
+    let probe = db.client().await;
+    let holder = || async {
+        probe
+            .query_opt(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int::oid \
+                 AND objsubid = 2 AND granted AND mode = 'ExclusiveLock' \
+                 AND objid = (hashtext('portfolio')::bigint & 4294967295)::oid",
+                &[&CLASS],
+            )
+            .await
+            .expect("pg_locks")
+            .map(|r| r.get::<_, i32>(0))
+    };
+    let first = eventually("the notifier to hold the bell", holder, |p| p.is_some())
+        .await
+        .expect("a holder");
+    let waiting = {
+        let pool = projector_engine::db::pool(db.url(), 1).expect("pool");
+        tokio::spawn(async move {
+            let client = pool.get().await.expect("waiter");
+            let started = Instant::now();
+            let answer = wait_applied(&**client, "portfolio", 5, 1, Duration::from_secs(30))
+                .await
+                .expect("wait_applied");
+            (answer, started.elapsed())
+        })
+    };
+    eventually(
+        "the waiter to queue on the bell",
+        || async {
+            probe
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                     AND classid = $1::int::oid AND objsubid = 2 AND NOT granted",
+                    &[&CLASS],
+                )
+                .await
+                .expect("pg_locks")
+                .get::<_, i64>(0)
+        },
+        |n| *n == 1,
+    )
+    .await;
+    probe
+        .execute("SELECT pg_terminate_backend($1)", &[&first])
+        .await
+        .expect("terminate the notifier's session");
+    // The write shows with no commit of the engine to ring (none runs).
+    let wrote = Instant::now();
+    probe
+        .execute(
+            "INSERT INTO projector.account_progress (consumer, account_id, last_seq) \
+             VALUES ('portfolio_v1', 5, 1)",
+            &[],
+        )
+        .await
+        .expect("progress");
+    let (answer, _) = waiting.await.expect("waiter");
+    assert_eq!(answer, Applied::Applied);
+    assert!(
+        wrote.elapsed() < Duration::from_secs(5),
+        "answered {:?} after the write",
+        wrote.elapsed()
+    );
+    // A ring after the loss makes the notifier open a new session and hold the bell again.
+    bell.ring("portfolio");
+    let again = eventually("the notifier to hold the bell again", holder, |p| {
+        p.is_some_and(|p| p != first)
+    })
+    .await;
+    assert!(again.is_some());
+    stop.cancel();
+    notifier.await.expect("notifier");
+}
