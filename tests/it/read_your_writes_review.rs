@@ -311,3 +311,33 @@ async fn a_waiter_outlives_the_notifiers_session_and_the_notifier_takes_the_bell
     stop.cancel();
     notifier.await.expect("notifier");
 }
+
+/// A caller that means "as long as it takes" passes `Duration::MAX` (or a huge interval in
+/// SQL): it gets an answer, not an interval or timestamp out of range.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "hole: Duration::MAX or a huge interval fails out of range instead of waiting"]
+async fn a_timeout_of_duration_max_waits_instead_of_failing_out_of_range() {
+    let db = TestDb::new(&views()).await;
+    let client = db.client().await;
+    client
+        .execute(
+            "INSERT INTO projector.account_progress (consumer, account_id, last_seq) \
+             VALUES ('portfolio_v1', 5, 1)",
+            &[],
+        )
+        .await
+        .expect("progress");
+    let answer = wait_applied(&**client, "portfolio", 5, 1, Duration::MAX)
+        .await
+        .expect("wait_applied");
+    assert_eq!(answer, Applied::Applied);
+    let sql: String = client
+        .query_one(
+            "SELECT projector.wait_applied('portfolio', 5, 1, interval '300000 years')",
+            &[],
+        )
+        .await
+        .expect("wait_applied in SQL")
+        .get(0);
+    assert_eq!(sql, "applied");
+}
