@@ -4,12 +4,15 @@
 -- 'parked' for a seq that has an open dead letter (poison or apply_failed; a 'conflict' is a
 -- second event claiming an applied seq, not this one) in the live version: the view will not
 -- show it until an engineer retries it (`projector dlq`). The lookup uses
--- dead_letters_account_seq (V0002). The rest of the function is V0010's.
+-- dead_letters_account_seq (V0002). A timeout past a century (a caller's "forever") is a
+-- century, not a timestamp out of range. The rest of the function is V0010's.
 
 CREATE OR REPLACE FUNCTION projector.wait_applied(view text, account_id bigint, seq bigint, timeout interval)
 RETURNS text LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    deadline  timestamptz := clock_timestamp() + greatest(timeout, interval '0');
+    -- At most a century: a caller meaning "as long as it takes" passes a huge interval, and
+    -- clock_timestamp() plus that is out of range.
+    deadline  timestamptz := clock_timestamp() + least(greatest(timeout, interval '0'), interval '100 years');
     bell      integer := hashtext(view);
     live      text;
     remaining interval;

@@ -292,7 +292,10 @@ pub async fn wait_applied(
     seq: i64,
     timeout: Duration,
 ) -> Result<Applied, WaitError> {
-    let micros = i64::try_from(timeout.as_micros()).unwrap_or(i64::MAX);
+    // At most a century (as the function caps it): `Duration::MAX`, a caller's "forever", in
+    // microseconds is out of an interval's range.
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let micros = i64::try_from(timeout.min(CENTURY).as_micros()).unwrap_or(i64::MAX);
     let row = client
         .query_one(
             "SELECT projector.wait_applied($1, $2, $3, $4::bigint * interval '1 microsecond')",

@@ -155,6 +155,7 @@ async fn a_wake_up_lost_to_a_ring_is_heard_within_the_documented_bound_while_oth
             probe
                 .query_one(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                      AND classid = $1::int::oid AND objsubid = 2 AND granted AND mode = 'ExclusiveLock' \
                      AND objid IN ((hashtext('review_v')::bigint & 4294967295)::oid, \
                                    (hashtext('review_w')::bigint & 4294967295)::oid)",
@@ -180,8 +181,8 @@ async fn a_wake_up_lost_to_a_ring_is_heard_within_the_documented_bound_while_oth
         })
     };
     let waiter = db.client().await;
-    let mut worst = Duration::ZERO;
-    for trial in 0..6u64 {
+    let mut heard = Vec::new();
+    for trial in 0..9u64 {
         // Not a wait for a signal: the trials start at different phases of the notifier's
         // periodic look.
         tokio::time::sleep(Duration::from_millis(17 * trial)).await;
@@ -206,7 +207,7 @@ async fn a_wake_up_lost_to_a_ring_is_heard_within_the_documented_bound_while_oth
             )
             .await
             .expect("rung again");
-        worst = worst.max(rang.elapsed());
+        heard.push(rang.elapsed());
         waiter
             .query_one(
                 "SELECT pg_advisory_unlock_shared($1, hashtext('review_v'))",
@@ -218,10 +219,15 @@ async fn a_wake_up_lost_to_a_ring_is_heard_within_the_documented_bound_while_oth
     stop.cancel();
     busy.await.expect("busy");
     notifier.await.expect("notifier");
-    // The bound is PERIOD; a loaded machine gets half of it again as slack.
+    // The bound is PERIOD, and the notifier's turns on top: on a loaded machine (other tests
+    // share its two cores) a single trial can pass it, so the median is held to the bound
+    // with a fifth as slack (two periods, the hole, give a median of about 160 ms) and the
+    // worst to three periods.
+    heard.sort();
+    let median = heard[heard.len() / 2];
     assert!(
-        worst <= PERIOD + PERIOD / 2,
-        "a lost wake-up was heard {worst:?} after the ring"
+        median <= PERIOD + PERIOD / 5 && heard[heard.len() - 1] <= 3 * PERIOD,
+        "lost wake-ups were heard {heard:?} after the ring"
     );
 }
 
@@ -242,6 +248,7 @@ async fn a_waiter_outlives_the_notifiers_session_and_the_notifier_takes_the_bell
         probe
             .query_opt(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int::oid \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                  AND objsubid = 2 AND granted AND mode = 'ExclusiveLock' \
                  AND objid = (hashtext('portfolio')::bigint & 4294967295)::oid",
                 &[&CLASS],
@@ -270,6 +277,7 @@ async fn a_waiter_outlives_the_notifiers_session_and_the_notifier_takes_the_bell
             probe
                 .query_one(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                      AND classid = $1::int::oid AND objsubid = 2 AND NOT granted",
                     &[&CLASS],
                 )
@@ -315,7 +323,6 @@ async fn a_waiter_outlives_the_notifiers_session_and_the_notifier_takes_the_bell
 /// A caller that means "as long as it takes" passes `Duration::MAX` (or a huge interval in
 /// SQL): it gets an answer, not an interval or timestamp out of range.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hole: Duration::MAX or a huge interval fails out of range instead of waiting"]
 async fn a_timeout_of_duration_max_waits_instead_of_failing_out_of_range() {
     let db = TestDb::new(&views()).await;
     let client = db.client().await;
