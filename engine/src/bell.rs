@@ -172,6 +172,8 @@ pub async fn run_notifier(bell: Bell, pool: Pool, stop: CancellationToken) {
                         "SELECT v FROM unnest($1::text[]) AS v WHERE EXISTS ( \
                            SELECT 1 FROM pg_catalog.pg_locks l \
                            WHERE l.locktype = 'advisory' AND l.classid = $2::int::oid \
+                             AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d \
+                                               WHERE d.datname = current_database()) \
                              AND l.objsubid = 2 AND NOT l.granted \
                              AND l.objid = (hashtext(v)::bigint & 4294967295)::oid)",
                         &[&views, &CLASS],
