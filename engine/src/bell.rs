@@ -14,9 +14,12 @@
 //!
 //! - **Lost wake-ups.** A batch that commits between a waiter's check and its queueing rings
 //!   before the waiter is queued. The next ring hears it: the next batch of the view, or the
-//!   notifier's own ring every [`PERIOD`] while some waiter queues on a bell it holds and
-//!   nothing rang it for that long (it reads `pg_locks` once per period, not per waiter).
-//!   So a wait ends at most [`PERIOD`] after the commit it waited for.
+//!   notifier's own ring: it looks for waiters queued on the bells it holds twice per
+//!   [`PERIOD`], on a clock of its own (it reads `pg_locks` once per look, not per waiter),
+//!   and rings a bell with a queued waiter that did not ring since its previous look. A
+//!   waiter that missed a ring is seen at the next look and rung at most at the one after.
+//!   So a wait ends at most [`PERIOD`] (plus the notifier's turns) after the commit it
+//!   waited for, however often other views' commits wake the notifier.
 //! - **Several processes.** One bell per view name has one holder: the first notifier that
 //!   takes it. Batches other processes commit are heard through that holder's periodic ring
 //!   (within [`PERIOD`]). When the holder stops, its session ends, the bell is free, and
@@ -38,9 +41,13 @@ use crate::kafka::running::Session;
 /// same number is written in `migrations/V0010__wait_applied.sql`.
 pub const CLASS: i32 = 0x7072_626c;
 
-/// The longest a waiter can miss a commit by (a lost wake-up), and how often the notifier
-/// looks for queued waiters.
+/// The longest a waiter can miss a commit by (a lost wake-up): two looks.
 pub const PERIOD: Duration = Duration::from_millis(100);
+
+/// How often the notifier looks for queued waiters: half of [`PERIOD`], because a waiter that
+/// missed a ring is seen at one look and rung at the next (the look must not ring a bell that
+/// just rang, or a busy view's waiters would be woken twice as often).
+const LOOK: Duration = Duration::from_millis(50);
 
 /// How long the notifier waits to take a bell back after a ring: the woken waiters let go at
 /// once; longer means another process took it meanwhile.
@@ -114,12 +121,15 @@ pub async fn run_notifier(bell: Bell, pool: Pool, stop: CancellationToken) {
     let mut held: BTreeSet<String> = BTreeSet::new();
     let mut last_rung: HashMap<String, Instant> = HashMap::new();
     let mut last_look = Instant::now();
+    let mut previous_look = last_look;
     let mut failing = false;
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = inner.wake.notified() => {}
-            _ = tokio::time::sleep(PERIOD) => {}
+            // The look is due on a clock of its own, not at the first turn after it is due:
+            // other views' commits would otherwise push it back (the bound is two looks).
+            _ = tokio::time::sleep_until(tokio::time::Instant::from_std(last_look + LOOK)) => {}
         }
         let dirty = bell.take();
         known.extend(dirty.iter().cloned());
@@ -153,7 +163,8 @@ pub async fn run_notifier(bell: Bell, pool: Pool, stop: CancellationToken) {
                 }
             }
             let mut ring: BTreeSet<String> = dirty.intersection(&held).cloned().collect();
-            if last_look.elapsed() >= PERIOD && !held.is_empty() {
+            if last_look.elapsed() >= LOOK && !held.is_empty() {
+                previous_look = last_look;
                 last_look = Instant::now();
                 let views: Vec<&String> = held.iter().collect();
                 let queued = client
@@ -161,6 +172,8 @@ pub async fn run_notifier(bell: Bell, pool: Pool, stop: CancellationToken) {
                         "SELECT v FROM unnest($1::text[]) AS v WHERE EXISTS ( \
                            SELECT 1 FROM pg_catalog.pg_locks l \
                            WHERE l.locktype = 'advisory' AND l.classid = $2::int::oid \
+                             AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d \
+                                               WHERE d.datname = current_database()) \
                              AND l.objsubid = 2 AND NOT l.granted \
                              AND l.objid = (hashtext(v)::bigint & 4294967295)::oid)",
                         &[&views, &CLASS],
@@ -169,7 +182,12 @@ pub async fn run_notifier(bell: Bell, pool: Pool, stop: CancellationToken) {
                     .map_err(|e| e.to_string())?;
                 for row in queued {
                     let view: String = row.get(0);
-                    if last_rung.get(&view).is_none_or(|t| t.elapsed() >= PERIOD) {
+                    // A waiter queued now queued after the bell's last ring (a ring grants
+                    // the whole queue). If that ring came after the previous look, the waiter
+                    // may have missed it by a hair, and the next look (LOOK later) rings: it
+                    // hears its commit within two looks, PERIOD. If no ring came since the
+                    // previous look, ring now.
+                    if last_rung.get(&view).is_none_or(|t| *t < previous_look) {
                         ring.insert(view);
                     }
                 }
@@ -276,7 +294,10 @@ pub async fn wait_applied(
     seq: i64,
     timeout: Duration,
 ) -> Result<Applied, WaitError> {
-    let micros = i64::try_from(timeout.as_micros()).unwrap_or(i64::MAX);
+    // At most a century (as the function caps it): `Duration::MAX`, a caller's "forever", in
+    // microseconds is out of an interval's range.
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let micros = i64::try_from(timeout.min(CENTURY).as_micros()).unwrap_or(i64::MAX);
     let row = client
         .query_one(
             "SELECT projector.wait_applied($1, $2, $3, $4::bigint * interval '1 microsecond')",

@@ -91,6 +91,7 @@ async fn queued(db: &TestDb, view: &str) -> i64 {
         .await
         .query_one(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int::oid \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
              AND objsubid = 2 AND NOT granted AND objid = (hashtext($2)::bigint & 4294967295)::oid",
             &[&projector_engine::bell::CLASS, &view],
         )
