@@ -366,11 +366,12 @@ async fn differential(
     )
 }
 
-/// The strong check (see [`differential`]) on four seeds: the fold equals the events one at a
+/// The strong check (see [`differential`]) on two seeds (the generic plan's test below adds a
+/// third; four made the suite's slowest test): the fold equals the events one at a
 /// time everywhere, rounding, text and notices included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn portfolio_fold_big_batches_equal_one_event_at_a_time_everywhere() {
-    for seed in [7u64, 8, 9, 10] {
+    for seed in [7u64, 10] {
         if let Err(e) = differential(Arc::new(Portfolio::new(1)), seed, "").await {
             panic!("{e}");
         }

@@ -392,11 +392,12 @@ async fn differential(
     )
 }
 
-/// The strong check (see [`differential`]), on four seeds: the fold equals the events one at
-/// a time everywhere.
+/// The strong check (see [`differential`]), on two seeds (the generic plan's test adds a
+/// third; four seeds here and two there made the suite's slowest tests): the fold equals the
+/// events one at a time everywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn review_fold_big_batches_equal_one_event_at_a_time_everywhere() {
-    for seed in [7u64, 8, 9, 10] {
+    for seed in [7u64, 10] {
         if let Err(e) = differential(Arc::new(Risk::new(1)), seed, "").await {
             panic!("{e}");
         }
@@ -407,7 +408,7 @@ async fn review_fold_big_batches_equal_one_event_at_a_time_everywhere() {
 /// the plan does not change what the fold writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn review_fold_equals_one_event_at_a_time_under_the_generic_plan() {
-    for seed in [11u64, 12] {
+    for seed in [11u64] {
         if let Err(e) = differential(
             Arc::new(Risk::new(1)),
             seed,
