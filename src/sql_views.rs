@@ -50,7 +50,7 @@ fn load(base: &Registry, dir: &Path) -> anyhow::Result<Vec<SqlView>> {
         if compiled.contains(v.name()) {
             anyhow::bail!(
                 "{}: view {} is also compiled into this binary; give the SQL view another name",
-                v.file(),
+                v.declared_at(),
                 v.name()
             );
         }
@@ -262,6 +262,7 @@ pub fn sample_stream() -> Vec<EventSpec> {
             "0",
         ),
         cash(1, 5, "2026-11-03T12:00:00Z", "-20", "fee"),
+        cash(1, 6, "2026-11-03T13:00:00Z", "-30", "fee"),
         fill(
             2,
             3,

@@ -126,6 +126,7 @@ pub struct SqlView {
     /// Where each section's body starts, and the header's `version` line.
     origins: BTreeMap<&'static str, Origin>,
     version_line: Origin,
+    view_line: Origin,
 }
 
 impl std::fmt::Debug for SqlView {
@@ -151,6 +152,11 @@ impl SqlView {
             version,
             ..self.clone()
         }
+    }
+
+    /// `<file>:<line>` of the header's `-- view:` line, for errors about the view as a whole.
+    pub fn declared_at(&self) -> String {
+        format!("{}:{}", self.view_line.file, self.view_line.line)
     }
 
     /// The SHA-256 of the view's files, in hex.
@@ -498,6 +504,7 @@ pub fn parse(texts: &[(String, String)], upcasters: &[Upcaster]) -> Result<SqlVi
         ));
     }
     let name = name.clone();
+    let view_line = o.clone();
 
     let (v, version_line) = required("version", "1")?;
     let version = match v.parse::<i32>() {
@@ -762,6 +769,7 @@ pub fn parse(texts: &[(String, String)], upcasters: &[Upcaster]) -> Result<SqlVi
         files_hash,
         origins,
         version_line,
+        view_line,
     })
 }
 
@@ -958,7 +966,12 @@ fn located(
         return SqlViewError::Database(e.to_string());
     };
     let mut message = db.message().to_owned();
-    if message.starts_with("column ") && message.ends_with(" does not exist") {
+    // A column no relation has, the way an undeclared field of `ev` shows (a column missing
+    // from one of the view's own tables says `of relation`).
+    let missing = message
+        .strip_prefix("column ")
+        .and_then(|m| m.strip_suffix(" does not exist"));
+    if missing.is_some_and(|m| !m.contains('.') && !m.contains(" of relation ")) {
         message.push_str("; if it is a field of the event's data, declare it in the header's `-- fields:` (`<name> decimal` or `<name> text`) and read it as ev.<name>");
     }
     if let Some(hint) = db.hint() {
