@@ -325,7 +325,16 @@ fn a_view_written_only_as_sql_files_runs_from_the_dev_broker_and_is_rebuilt_into
     rt.block_on(publish(&broker, &topic, &second));
     let mut all = first.clone();
     all.extend(second);
-    let mut run = Projector::spawn(&run_args, LOG);
+    // This time the directory comes from the config file `run` reads.
+    let config = dir.join("projector.toml");
+    std::fs::write(&config, format!("views_dir = {:?}\n", dir_arg)).expect("config");
+    let mut from_config: Vec<String> = run_args
+        .iter()
+        .filter(|a| **a != "--views-dir" && **a != dir_arg)
+        .cloned()
+        .collect();
+    from_config.extend(["--config".to_owned(), config.display().to_string()]);
+    let mut run = Projector::spawn(&from_config, LOG);
     let expected = cash_expected(&all, true);
     wait_until(
         "cash_by_day v2 to follow the topic",
