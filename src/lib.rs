@@ -209,7 +209,15 @@ pub fn main(registry: impl FnOnce() -> Result<Registry, ViewError>) -> ExitCode 
                     .await
                 }
             },
-            Command::Demo(args) => demo::run(cli.database_url.clone(), &registry()?, args).await,
+            Command::Demo(args) => {
+                if let Some(dir) = &dir {
+                    anyhow::bail!(
+                        "demo runs the views compiled into this binary against its own write side; drop --views-dir {} (or PROJECTOR_VIEWS_DIR) for it",
+                        dir.display()
+                    );
+                }
+                demo::run(cli.database_url.clone(), &registry()?, args).await
+            }
             Command::Run(args) => {
                 // `views_dir` and `database_url` may come from the config file.
                 let file = config::File::load_opt(args.config.as_deref())?;

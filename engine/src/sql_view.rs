@@ -1112,6 +1112,40 @@ SELECT * FROM cash_by_day_v{v};\n";
     }
 
     #[test]
+    fn a_directory_of_files_is_one_view_and_errors_name_the_file_they_are_in() {
+        let root = std::env::temp_dir().join(format!(
+            "projector-sql-view-unit-{}-{}",
+            std::process::id(),
+            line!()
+        ));
+        let view = root.join("cash_by_day");
+        std::fs::create_dir_all(&view).expect("dir");
+        let (header, body) = GOOD.split_at(GOOD.find("-- name: ddl").expect("ddl"));
+        let (ddl, rest) = body.split_at(body.find("-- name: write").expect("write"));
+        std::fs::write(view.join("0_header.sql"), header).expect("write");
+        std::fs::write(view.join("1_ddl.sql"), ddl).expect("write");
+        std::fs::write(view.join("2_statements.sql"), rest).expect("write");
+        std::fs::write(root.join("README.txt"), "not a view").expect("write");
+        let views = load_dir(&root, &[]).expect("loads");
+        assert_eq!(views.len(), 1);
+        assert_eq!(views[0].name(), "cash_by_day");
+        assert_eq!(views[0].tables(), vec!["cash_by_day_v{v}".to_owned()]);
+
+        std::fs::write(
+            view.join("2_statements.sql"),
+            rest.replace("-- name: read", "-- name: reed"),
+        )
+        .expect("write");
+        let e = load_dir(&root, &[]).expect_err("refused").to_string();
+        let file = view.join("2_statements.sql").display().to_string();
+        assert!(
+            e.starts_with(&format!("{file}:6: unknown section \"reed\"")),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
     fn ev_columns_skip_strings_and_other_aliases() {
         assert_eq!(
             ev_columns("SELECT ev.a, prev.b, 'ev.c', ev.d"),
