@@ -494,6 +494,22 @@ fn bad_sql_view_files_are_each_refused_in_one_line_naming_the_file_and_line() {
         "{}",
         lines[0]
     );
+    // An edit that keeps the rows declares the fingerprint it replaces, and runs.
+    let recorded = lines[0][prefix.len()..]
+        .split(';')
+        .next()
+        .expect("the recorded fingerprint")
+        .to_owned();
+    std::fs::write(
+        dir.join("cash_by_day.sql"),
+        good.replace("and reason: how many", "and reason: how many movements")
+            .replace(
+                "-- version: 1\n",
+                &format!("-- version: 1\n-- replaces: {recorded}\n"),
+            ),
+    )
+    .expect("edit");
+    succeeded("migrate with replaces", &run_output(&migrate));
     // Restored, it runs again.
     std::fs::write(dir.join("cash_by_day.sql"), &good).expect("restore");
     succeeded("migrate after the restore", &run_output(&migrate));
