@@ -30,6 +30,8 @@ pub struct File {
     pub stall_after: Option<String>,
     #[serde(default)]
     pub inbox: InboxFile,
+    /// A directory of SQL views loaded beside the compiled ones (`--views-dir` wins).
+    pub views_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -34,6 +34,8 @@
 //!   new version while live.
 //! - [`simulate`]: `projector simulate`, a write side producing events to Kafka: idempotent
 //!   intake, an outbox relay that crashes on purpose, hot accounts.
+//! - [`sql_views`]: `--views-dir`, views written as `.sql` files, loaded and checked beside
+//!   the compiled ones; `projector views check DIR`.
 //! - [`status`]: `projector status`, every view version's state, lag and problems; exits 1
 //!   when unhealthy.
 //! - [`inbox`]: `projector inbox prune`, inbox retention in batches.
@@ -60,6 +62,7 @@ pub mod reconcile;
 pub mod run;
 pub mod serve;
 pub mod simulate;
+pub mod sql_views;
 pub mod status;
 pub mod views;
 
@@ -76,6 +79,12 @@ struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Text)]
     log_format: logging::LogFormat,
 
+    /// A directory of views written as `.sql` files, loaded beside the compiled ones by every
+    /// command that loads the views (docs/sql-views.md). `run` also reads `views_dir` from
+    /// its --config file.
+    #[arg(long, global = true, env = "PROJECTOR_VIEWS_DIR")]
+    views_dir: Option<std::path::PathBuf>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -84,8 +93,9 @@ struct Cli {
 enum Command {
     /// Apply the engine's schema and every registered view's tables; safe to repeat.
     Migrate,
-    /// List the registered views: versions, state, dedup mode, subscribed event types.
-    Views,
+    /// List the registered views: versions, state, dedup mode, subscribed event types;
+    /// `views check DIR` runs a directory of SQL views through the conformance suite.
+    Views(views::Args),
     /// The whole story in one command, without Kafka or configuration: a write side, two
     /// engine processes (one joins, one is killed), a rebuild while live, a reconciliation.
     Demo(demo::Args),
@@ -170,26 +180,112 @@ pub fn main(registry: impl FnOnce() -> Result<Registry, ViewError>) -> ExitCode 
                 .clone()
                 .unwrap_or_else(|| config::DEFAULT_DATABASE_URL.to_owned())
         };
+        let dir = cli.views_dir.clone();
+        // The compiled views, with the SQL views of --views-dir beside them, checked against
+        // the database before the command does anything.
         match cli.command {
-            Command::Migrate => migrate::run(&url(), &registry()?).await,
-            Command::Views => views::run(&url(), &registry()?).await,
-            Command::Demo(args) => demo::run(cli.database_url.clone(), &registry()?, args).await,
-            Command::Run(args) => run::run(args, cli.database_url.clone(), &registry()?).await,
+            Command::Migrate => {
+                migrate::run(
+                    &url(),
+                    &sql_views::registry(registry()?, dir.as_deref(), &url()).await?,
+                )
+                .await
+            }
+            Command::Views(args) => match args.command {
+                Some(views::Check::Check(check)) => {
+                    if sql_views::check_dir(&registry()?, check, &url()).await? {
+                        Ok(())
+                    } else {
+                        Err(anyhow::anyhow!(
+                            "a SQL view failed the conformance suite (see above)"
+                        ))
+                    }
+                }
+                None => {
+                    views::run(
+                        &url(),
+                        &sql_views::registry(registry()?, dir.as_deref(), &url()).await?,
+                    )
+                    .await
+                }
+            },
+            Command::Demo(args) => {
+                if let Some(dir) = &dir {
+                    anyhow::bail!(
+                        "demo runs the views compiled into this binary against its own write side; drop --views-dir {} (or PROJECTOR_VIEWS_DIR) for it",
+                        dir.display()
+                    );
+                }
+                demo::run(cli.database_url.clone(), &registry()?, args).await
+            }
+            Command::Run(args) => {
+                // `views_dir` and `database_url` may come from the config file.
+                let file = config::File::load_opt(args.config.as_deref())?;
+                let dir = dir.or(file.views_dir.clone());
+                let run_url = cli
+                    .database_url
+                    .clone()
+                    .or(file.database_url.clone())
+                    .unwrap_or_else(|| config::DEFAULT_DATABASE_URL.to_owned());
+                let registry = sql_views::registry(registry()?, dir.as_deref(), &run_url).await?;
+                run::run(args, cli.database_url.clone(), &registry).await
+            }
             Command::Publish(args) => publish::run(args).await,
             Command::DevBroker(args) => dev_broker::run(args).await,
             Command::Bench(args) => bench::run(args, &url()).await,
-            Command::Rebuild(args) => rebuild::run(&url(), &registry()?, args).await,
+            Command::Rebuild(args) => {
+                rebuild::run(
+                    &url(),
+                    &sql_views::registry(registry()?, dir.as_deref(), &url()).await?,
+                    args,
+                )
+                .await
+            }
             Command::Verify(args) => {
-                if rebuild::run_verify(&url(), &registry()?, args).await? {
+                if rebuild::run_verify(
+                    &url(),
+                    &sql_views::registry(registry()?, dir.as_deref(), &url()).await?,
+                    args,
+                )
+                .await?
+                {
                     Ok(())
                 } else {
                     Err(anyhow::anyhow!("the versions differ"))
                 }
             }
-            Command::Cutover(args) => rebuild::run_cutover(&url(), &registry()?, args).await,
-            Command::Retire(args) => rebuild::run_retire(&url(), &registry()?, args).await,
-            Command::Dlq(command) => dlq::run_dlq(&url(), &registry()?, command).await,
-            Command::Parked(command) => dlq::run_parked(&url(), &registry()?, command).await,
+            Command::Cutover(args) => {
+                rebuild::run_cutover(
+                    &url(),
+                    &sql_views::registry(registry()?, dir.as_deref(), &url()).await?,
+                    args,
+                )
+                .await
+            }
+            Command::Retire(args) => {
+                rebuild::run_retire(
+                    &url(),
+                    &sql_views::registry(registry()?, dir.as_deref(), &url()).await?,
+                    args,
+                )
+                .await
+            }
+            Command::Dlq(command) => {
+                dlq::run_dlq(
+                    &url(),
+                    &sql_views::registry(registry()?, dir.as_deref(), &url()).await?,
+                    command,
+                )
+                .await
+            }
+            Command::Parked(command) => {
+                dlq::run_parked(
+                    &url(),
+                    &sql_views::registry(registry()?, dir.as_deref(), &url()).await?,
+                    command,
+                )
+                .await
+            }
             Command::Simulate(args) => simulate::run(args, &url()).await,
             Command::Status(args) => {
                 if status::run(args, cli.database_url.clone()).await? {
@@ -200,7 +296,13 @@ pub fn main(registry: impl FnOnce() -> Result<Registry, ViewError>) -> ExitCode 
             }
             Command::Inbox(command) => inbox::run(command, cli.database_url.clone()).await,
             Command::Reconcile(args) => {
-                if reconcile::run(args, &url(), &registry()?).await? {
+                if reconcile::run(
+                    args,
+                    &url(),
+                    &sql_views::registry(registry()?, dir.as_deref(), &url()).await?,
+                )
+                .await?
+                {
                     Ok(())
                 } else {
                     Err(anyhow::anyhow!("the view differs from the source"))

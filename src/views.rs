@@ -4,6 +4,21 @@ use std::collections::HashMap;
 
 use projector_engine::Registry;
 
+/// `projector views [check DIR]`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Check>,
+}
+
+/// `projector views check`.
+#[derive(Debug, clap::Subcommand)]
+pub enum Check {
+    /// Run a directory of SQL views through the engine's conformance suite on a scratch
+    /// database of the --database-url server; exits 1 when a view fails.
+    Check(crate::sql_views::CheckArgs),
+}
+
 /// Lists the views of `registry` on standard output, with each version's state in the
 /// database of `database_url` when it answers.
 pub async fn run(database_url: &str, registry: &Registry) -> anyhow::Result<()> {

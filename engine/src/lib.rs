@@ -23,6 +23,7 @@
 //! - [`kafka`]: the Kafka source; the producer and a dev broker are in `projector-devkit`.
 //! - [`processes`]: which process consumes, fails to start or skips which version.
 //! - [`schema`]: the engine's migrations and view installation (`projector migrate`).
+//! - [`sql_view`]: views written as `.sql` files, loaded at start without compiling.
 //! - [`ops`]: status, the health rule, gauges, inbox retention, reconciliation.
 //! - `metrics` (private): counters through the `metrics` facade.
 //! - `testkit` (feature `testkit`): a database per test, and the conformance suite every
@@ -42,6 +43,7 @@ pub mod projection;
 pub mod queries;
 pub mod schema;
 mod sequencer;
+pub mod sql_view;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod upcast;
