@@ -335,9 +335,9 @@ impl Projection for NoGold {
     fn replaces(&self) -> Vec<String> {
         self.0.replaces()
     }
-    fn validate(&self, event: &Event) -> Result<(), String> {
+    fn validate(&self, event: &Event) -> Result<(), projector_engine::Rejected> {
         if event.data.contains("XAUUSD") {
-            return Err("gold is not traded here".to_owned());
+            return Err(projector_engine::Rejected::rule("gold is not traded here"));
         }
         Ok(())
     }
@@ -507,9 +507,9 @@ impl Projection for KnowsVersion3 {
     fn replaces(&self) -> Vec<String> {
         vec![fingerprint::of(&*self.0)]
     }
-    fn validate(&self, event: &Event) -> Result<(), String> {
+    fn validate(&self, event: &Event) -> Result<(), projector_engine::Rejected> {
         if event.event_type == "fill_executed" && !event.data.contains("\"venue\"") {
-            return Err("version 3 has a venue".to_owned());
+            return Err(projector_engine::Rejected::rule("version 3 has a venue"));
         }
         Ok(())
     }

@@ -171,7 +171,7 @@ impl Projection for Reads {
     fn snapshot_sql(&self) -> Option<String> {
         self.inner.snapshot_sql()
     }
-    fn validate(&self, event: &Event) -> Result<(), String> {
+    fn validate(&self, event: &Event) -> Result<(), projector_engine::Rejected> {
         self.inner.validate(event)
     }
     fn upcasters(&self) -> Vec<Upcaster> {

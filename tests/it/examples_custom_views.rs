@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use projector_engine::testkit::conformance::{self, Factory};
 use projector_engine::testkit::{cash, fill, TestDb};
-use projector_engine::Registry;
+use projector_engine::{Registry, Versioned};
 
 // The example is a binary; its `main` is not called here.
 #[allow(dead_code)]
@@ -34,7 +34,7 @@ async fn the_cash_balance_view_passes_the_conformance_suite() {
         cash(3, 1, "2026-11-29T12:00:00Z", "5", "deposit"),
         cash(3, 2, "2026-11-30T12:00:00Z", "7.000", "deposit"),
     ];
-    let factory: Factory = Arc::new(|version| Arc::new(CashBalance::new(version)));
+    let factory: Factory = Arc::new(|version| Arc::new(Versioned::new(version, CashBalance)));
     let report = conformance::run(factory, &events).await;
     // (account_id, movements, deposited, withdrawn, balance), computed by hand: the fill is
     // not a movement, withdrawals are kept positive, sums keep the larger scale.

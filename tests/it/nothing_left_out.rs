@@ -542,7 +542,7 @@ impl Projection for PanicsOn {
     fn upcasters(&self) -> Vec<projector_engine::Upcaster> {
         self.inner.upcasters()
     }
-    fn validate(&self, event: &projector_engine::Event) -> Result<(), String> {
+    fn validate(&self, event: &projector_engine::Event) -> Result<(), projector_engine::Rejected> {
         assert!(
             !(event.account_id == self.account && event.seq == self.seq),
             "a plugin's check panicked"

@@ -103,7 +103,7 @@ impl Projection for Variant {
     fn snapshot_sql(&self) -> Option<String> {
         self.inner.snapshot_sql()
     }
-    fn validate(&self, event: &projector_engine::Event) -> Result<(), String> {
+    fn validate(&self, event: &projector_engine::Event) -> Result<(), projector_engine::Rejected> {
         self.inner.validate(event)
     }
     fn upcasters(&self) -> Vec<projector_engine::Upcaster> {

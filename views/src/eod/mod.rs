@@ -13,7 +13,7 @@ use std::sync::Arc;
 use projector_engine::event::{CASH_ADJUSTED, FILL_BUSTED, FILL_EXECUTED};
 use projector_engine::{ApplySql, DedupMode, Field, Projection, Upcaster};
 
-use crate::sql::SqlFile;
+use projector_engine::SqlFile;
 
 const SQL: SqlFile = SqlFile::new("views/src/eod/eod.sql", include_str!("eod.sql"));
 
@@ -79,10 +79,6 @@ impl Projection for Eod {
 
     fn ddl(&self) -> String {
         SQL.section("ddl").to_owned()
-    }
-
-    fn tables(&self) -> Vec<String> {
-        vec!["eod_v{v}".to_owned()]
     }
 
     fn apply_sql(&self) -> ApplySql {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use projector_engine::event::{FILL_BUSTED, FILL_EXECUTED};
 use projector_engine::{ApplySql, DedupMode, Field, Projection, Upcaster};
 
-use crate::sql::SqlFile;
+use projector_engine::SqlFile;
 
 const SQL: SqlFile = SqlFile::new(
     "views/src/portfolio/portfolio.sql",
@@ -92,10 +92,6 @@ impl Projection for Portfolio {
 
     fn ddl(&self) -> String {
         SQL.section("ddl").to_owned()
-    }
-
-    fn tables(&self) -> Vec<String> {
-        vec!["portfolio_v{v}".to_owned()]
     }
 
     fn apply_sql(&self) -> ApplySql {

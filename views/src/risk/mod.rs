@@ -14,7 +14,7 @@ use std::sync::Arc;
 use projector_engine::event::{FILL_BUSTED, FILL_EXECUTED};
 use projector_engine::{ApplySql, DedupMode, Field, Projection, Upcaster};
 
-use crate::sql::SqlFile;
+use projector_engine::SqlFile;
 
 const SQL: SqlFile = SqlFile::new("views/src/risk/risk.sql", include_str!("risk.sql"));
 
@@ -81,10 +81,6 @@ impl Projection for Risk {
 
     fn ddl(&self) -> String {
         SQL.section("ddl").to_owned()
-    }
-
-    fn tables(&self) -> Vec<String> {
-        vec!["risk_positions_v{v}".to_owned(), "risk_v{v}".to_owned()]
     }
 
     fn apply_sql(&self) -> ApplySql {
