@@ -237,6 +237,18 @@ pub trait Projection: Send + Sync + 'static {
         None
     }
 
+    /// The rules of the `data` of the types this view subscribes to, at the event's
+    /// `type_version`: the fields a type must have and their values (a fill's quantity, a
+    /// cash movement's reason). An error makes the message poison for this view. The engine
+    /// runs it on the event as it came and again once upcast ([`Projection::upcasters`]),
+    /// each time before checking that the data can be stored
+    /// ([`crate::event::check_storable`]). The engine knows no type's rules: none by default;
+    /// the built-in views return `projector_views::events::check_rules(event)`, and a view
+    /// that wraps another passes them on.
+    fn check_data(&self, _event: &Event) -> Result<(), crate::event::DecodeError> {
+        Ok(())
+    }
+
     /// Extra checks on events of the types this view subscribes to, beyond the wire format.
     /// An error makes the message poison for this view. The event is upcast already: its
     /// `data` is at the version the view reads ([`Projection::upcasters`]).

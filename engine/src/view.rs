@@ -40,7 +40,7 @@
 
 use std::sync::Arc;
 
-use crate::event::Event;
+use crate::event::{DecodeError, Event};
 use crate::projection::{
     ApplySql, DedupMode, Field, Projection, Registry, Rejected, SqlFile, UnknownVersion, ViewError,
 };
@@ -118,6 +118,11 @@ pub trait View: Send + Sync + 'static {
     /// The section `snapshot`, when there is one ([`Projection::snapshot_sql`]).
     fn snapshot_sql(&self) -> Option<String> {
         self.sql().get("snapshot").map(str::to_owned)
+    }
+
+    /// See [`Projection::check_data`].
+    fn check_data(&self, _event: &Event) -> Result<(), DecodeError> {
+        Ok(())
     }
 
     /// See [`Projection::validate`].
@@ -227,6 +232,9 @@ impl<V: View + ?Sized> Projection for Versioned<V> {
     }
     fn snapshot_sql(&self) -> Option<String> {
         self.view.snapshot_sql()
+    }
+    fn check_data(&self, event: &Event) -> Result<(), DecodeError> {
+        self.view.check_data(event)
     }
     fn validate(&self, event: &Event) -> Result<(), Rejected> {
         self.view.validate(event)

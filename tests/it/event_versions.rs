@@ -302,6 +302,12 @@ impl Projection for NoGold {
     fn subscribes(&self) -> &[&str] {
         self.0.subscribes()
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        self.0.check_data(event)
+    }
     fn dedup(&self) -> DedupMode {
         self.0.dedup()
     }
@@ -464,6 +470,12 @@ impl Projection for KnowsVersion3 {
     }
     fn subscribes(&self) -> &[&str] {
         self.0.subscribes()
+    }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        self.0.check_data(event)
     }
     fn dedup(&self) -> DedupMode {
         self.0.dedup()

@@ -141,6 +141,12 @@ impl Projection for Reads {
     fn subscribes(&self) -> &[&str] {
         self.inner.subscribes()
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        self.inner.check_data(event)
+    }
     fn dedup(&self) -> DedupMode {
         self.inner.dedup()
     }

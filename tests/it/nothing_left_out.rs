@@ -515,6 +515,12 @@ impl Projection for PanicsOn {
     fn subscribes(&self) -> &[&str] {
         self.inner.subscribes()
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        self.inner.check_data(event)
+    }
     fn dedup(&self) -> projector_engine::DedupMode {
         self.inner.dedup()
     }

@@ -14,6 +14,9 @@
 //!   Order-dependent; two tables, so inbox only.
 //! - [`eod`]: per account and UTC trading day, trade and cash sums. Order-independent;
 //!   inbox.
+//! - [`events`]: the built-in event types (`fill_executed`, `fill_busted`, `cash_adjusted`)
+//!   and the rules of their data, which the built-in views apply; [`events::decode`] for their
+//!   producers.
 //! - [`upcast`]: the built-in upcasters, `fill_executed` and `fill_busted` from version 1 to
 //!   2, which every built-in view reads through.
 //! - [`previous`]: the views as earlier releases wrote them, where this code keeps their
@@ -25,6 +28,7 @@
 //! `docs/views.md`.
 
 pub mod eod;
+pub mod events;
 pub mod portfolio;
 pub mod previous;
 pub mod risk;

@@ -70,6 +70,12 @@ impl Projection for Variant {
     fn subscribes(&self) -> &[&str] {
         self.inner.subscribes()
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        self.inner.check_data(event)
+    }
     fn dedup(&self) -> DedupMode {
         self.dedup.unwrap_or_else(|| self.inner.dedup())
     }

@@ -10,7 +10,8 @@
 
 use std::sync::Arc;
 
-use projector_engine::event::{CASH_ADJUSTED, FILL_BUSTED, FILL_EXECUTED};
+use crate::events::{CASH_ADJUSTED, FILL_BUSTED, FILL_EXECUTED};
+use projector_engine::event::{DecodeError, Event};
 use projector_engine::{ApplySql, DedupMode, Field, Projection, Upcaster};
 
 use projector_engine::SqlFile;
@@ -64,6 +65,12 @@ impl Projection for Eod {
             Field::Decimal("fee"),
             Field::Decimal("amount"),
         ]
+    }
+
+    fn check_data(&self, event: &Event) -> Result<(), DecodeError> {
+        // The built-in types' rules (`crate::events`): what the engine applied itself before
+        // the trading domain left it.
+        crate::events::check_rules(event)
     }
 
     fn upcasters(&self) -> Vec<Upcaster> {

@@ -11,7 +11,8 @@
 
 use std::sync::Arc;
 
-use projector_engine::event::{FILL_BUSTED, FILL_EXECUTED};
+use crate::events::{FILL_BUSTED, FILL_EXECUTED};
+use projector_engine::event::{DecodeError, Event};
 use projector_engine::{ApplySql, DedupMode, Field, Projection, Upcaster};
 
 use projector_engine::SqlFile;
@@ -66,6 +67,12 @@ impl Projection for Risk {
             Field::Decimal("qty"),
             Field::Decimal("price"),
         ]
+    }
+
+    fn check_data(&self, event: &Event) -> Result<(), DecodeError> {
+        // The built-in types' rules (`crate::events`): what the engine applied itself before
+        // the trading domain left it.
+        crate::events::check_rules(event)
     }
 
     fn upcasters(&self) -> Vec<Upcaster> {
