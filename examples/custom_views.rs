@@ -14,7 +14,8 @@
 
 use std::process::ExitCode;
 
-use projector_engine::{Field, Registry, SqlFile, View, ViewError};
+use projector_engine::{DecodeError, Event, Field, Registry, SqlFile, View, ViewError};
+use projector_views::events::CASH_ADJUSTED;
 
 /// Cash per account: the sum of its `cash_adjusted` amounts, with deposits and withdrawals
 /// also kept apart. Its tables come from the DDL, its version from the registry.
@@ -26,7 +27,10 @@ impl View for CashBalance {
         "cash_balance"
     }
     fn subscribes(&self) -> &[&str] {
-        &["cash_adjusted"]
+        &[CASH_ADJUSTED]
+    }
+    fn check_data(&self, event: &Event) -> Result<(), DecodeError> {
+        projector_views::events::check_rules(event) // a reason, an exact amount
     }
     fn fields(&self) -> Vec<Field> {
         vec![Field::Decimal("amount")]

@@ -88,3 +88,25 @@ async fn migrate_with_the_example_registry_creates_its_tables() {
         .get(0);
     assert_eq!(state, "live");
 }
+
+/// The engine knows no event type: the example view applies the built-in rules of
+/// `cash_adjusted` itself, so a movement without a reason stays poison for it, as it was when
+/// the engine applied them, while a sound one passes.
+#[test]
+fn the_cash_balance_view_applies_the_built_in_rules_of_its_type() {
+    use projector_engine::{decode_envelope, Message, Projection};
+    let view = Versioned::new(1, CashBalance);
+    let event = |data: &str| {
+        let payload = format!(
+            r#"{{"event_id":"c-1","type":"cash_adjusted","account_id":1,"seq":1,"occurred_at":"2026-11-29T09:00:00Z","data":{data}}}"#
+        );
+        decode_envelope(&Message::new(0, None, payload)).expect("a sound envelope")
+    };
+    let err = view
+        .check_data(&event(r#"{"amount":"1.00","reason":""}"#))
+        .expect_err("no reason");
+    assert!(err.to_string().contains("data.reason"), "{err}");
+    assert!(view
+        .check_data(&event(r#"{"amount":"-1.00","reason":"fee"}"#))
+        .is_ok());
+}
