@@ -811,7 +811,7 @@ mod tests {
                 Some(b"7".to_vec()),
                 event.payload().into_bytes(),
             );
-            assert!(projector_engine::decode(&message).is_ok());
+            assert!(projector_views::events::decode(&message).is_ok());
         }
     }
 

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 use projector_devkit::devbroker::ConsumedMessage;
 use projector_engine::projection::render;
-use projector_engine::{decode, queries, Field, Message, Projection};
+use projector_engine::{queries, Field, Message, Projection};
+use projector_views::events::decode;
 use projector_views::Portfolio;
 
 use crate::error::{stop, BenchError, Doing as _};

@@ -1,9 +1,10 @@
 //! The producer side (`projector publish`): JSON lines in, one Kafka message per event.
 //!
-//! Every line is decoded exactly as the engine will decode it, so poison never reaches the
-//! topic from here: a bad line is refused with its line number, nothing after it is sent,
-//! and everything before it has been delivered (or has failed) by the time the error is
-//! returned. Nothing is left half-sent.
+//! Every line is decoded exactly as the built-in views will decode it
+//! (`projector_views::events::decode`: the envelope, storable data, and the built-in types'
+//! rules), so poison never reaches the topic from here: a bad line is refused with its line
+//! number, nothing after it is sent, and everything before it has been delivered (or has
+//! failed) by the time the error is returned. Nothing is left half-sent.
 //!
 //! The producer settings are the ones the engine's guarantees rest on (per-account ordering,
 //! see `docs/kafka.md`):
@@ -28,7 +29,8 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt as _};
 
-use projector_engine::event::{account_key, decode, Message};
+use projector_engine::event::{account_key, Message};
+use projector_views::events::decode;
 
 /// Delivery futures kept at most; beyond this the oldest is awaited before sending more,
 /// so memory stays bounded whatever the input size.
@@ -125,7 +127,7 @@ pub enum PublishError {
     },
 }
 
-/// Checks one line as the engine would decode it and returns its message key, or the
+/// Checks one line as the built-in views would decode it and returns its message key, or the
 /// reason it is poison (one line of text).
 pub fn check_line(line: &[u8]) -> Result<Vec<u8>, String> {
     let key = account_key(line);

@@ -9,6 +9,8 @@
 //!
 //! - [`event`]: the wire format; decoding a message into an [`Event`] or saying why it is poison.
 //! - [`projection`]: the [`Projection`] trait views implement, and the [`Registry`] of views.
+//! - [`view`]: the [`View`] trait a view written in Rust implements (no version: the
+//!   registry pairs it with its versions), and its SQL file ([`SqlFile`]).
 //! - [`upcast`]: event evolution; the upcasters that bring an event type's older versions to
 //!   the one a view reads.
 //! - [`fingerprint`]: a version runs only with the code that registered it.
@@ -47,12 +49,15 @@ pub mod sql_view;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod upcast;
+pub mod view;
 
 pub use apply::{Applier, ApplyError, Batch, BatchOutcome, Counts, Disposition};
 pub use bell::{wait_applied, Applied, Bell, WaitError};
 pub use event::{account_key, decode, decode_envelope, DecodeError, Event, Message};
 pub use projection::{
-    ApplySql, DedupMode, Field, Projection, Registry, SourceOrdering, UnknownVersion, ViewError,
+    ApplySql, DedupMode, Field, Projection, Registry, Rejected, SourceOrdering, SqlFile,
+    UnknownVersion, ViewError,
 };
 pub use schema::{migrate, MigrateReport, SchemaError};
 pub use upcast::{Data, Upcaster, Upcasters};
+pub use view::{Versioned, View};

@@ -205,8 +205,12 @@ pub trait Projection: Send + Sync + 'static {
     /// DDL creating the view's tables; must be idempotent (`IF NOT EXISTS`).
     fn ddl(&self) -> String;
 
-    /// The tables this version owns, in the order they should be compared and dropped.
-    fn tables(&self) -> Vec<String>;
+    /// The tables this version owns, in the order they should be compared and dropped. The
+    /// default reads them off the DDL: every `CREATE TABLE [IF NOT EXISTS] <name>`, in the
+    /// order written, `{v}` kept ([`tables_in`]).
+    fn tables(&self) -> Vec<String> {
+        tables_in(&self.ddl())
+    }
 
     /// The apply statement.
     fn apply_sql(&self) -> ApplySql;
@@ -233,10 +237,22 @@ pub trait Projection: Send + Sync + 'static {
         None
     }
 
+    /// The rules of the `data` of the types this view subscribes to, at the event's
+    /// `type_version`: the fields a type must have and their values (a fill's quantity, a
+    /// cash movement's reason). An error makes the message poison for this view. The engine
+    /// runs it on the event as it came and again once upcast ([`Projection::upcasters`]),
+    /// each time before checking that the data can be stored
+    /// ([`crate::event::check_storable`]). The engine knows no type's rules: none by default;
+    /// the built-in views return `projector_views::events::check_rules(event)`, and a view
+    /// that wraps another passes them on.
+    fn check_data(&self, _event: &Event) -> Result<(), crate::event::DecodeError> {
+        Ok(())
+    }
+
     /// Extra checks on events of the types this view subscribes to, beyond the wire format.
     /// An error makes the message poison for this view. The event is upcast already: its
     /// `data` is at the version the view reads ([`Projection::upcasters`]).
-    fn validate(&self, _event: &Event) -> Result<(), String> {
+    fn validate(&self, _event: &Event) -> Result<(), Rejected> {
         Ok(())
     }
 
@@ -276,6 +292,148 @@ pub trait Projection: Send + Sync + 'static {
     /// The key of everything this version owns: inbox rows, offsets, dead letters.
     fn consumer(&self) -> String {
         format!("{}_v{}", self.name(), self.version())
+    }
+}
+
+/// Why a view's own checks ([`Projection::validate`]) refuse an event: the message is poison
+/// for the view, and the dead letter's error says `rejected by view <consumer>: <this>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejected {
+    /// A rule of the view, in its own words.
+    #[error("{0}")]
+    Rule(String),
+    /// A field the view read itself (with [`crate::event::exact_decimal`], say) is not what
+    /// the wire format allows.
+    #[error(transparent)]
+    Data(#[from] crate::event::DecodeError),
+}
+
+impl Rejected {
+    /// A rule of the view, in its own words: `Rejected::rule("symbol XAUUSD is not traded")`.
+    pub fn rule(reason: impl Into<String>) -> Self {
+        Rejected::Rule(reason.into())
+    }
+}
+
+/// The tables a DDL text creates: the name after every `CREATE TABLE` (and `IF NOT EXISTS`),
+/// in the order written, as written (`{v}` kept), outside `--` and `/* */` comments and
+/// string literals. What [`Projection::tables`] returns by default.
+pub fn tables_in(ddl: &str) -> Vec<String> {
+    let mut words: Vec<String> = Vec::new();
+    let mut word = String::new();
+    let mut chars = ddl.chars().peekable();
+    let end_word = |word: &mut String, words: &mut Vec<String>| {
+        if !word.is_empty() {
+            words.push(std::mem::take(word));
+        }
+    };
+    while let Some(c) = chars.next() {
+        match c {
+            '-' if chars.peek() == Some(&'-') => {
+                end_word(&mut word, &mut words);
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                end_word(&mut word, &mut words);
+                chars.next();
+                let mut last = ' ';
+                for c in chars.by_ref() {
+                    if last == '*' && c == '/' {
+                        break;
+                    }
+                    last = c;
+                }
+            }
+            '\'' => {
+                end_word(&mut word, &mut words);
+                for c in chars.by_ref() {
+                    if c == '\'' {
+                        break;
+                    }
+                }
+            }
+            c if c.is_whitespace() || c == '(' || c == ';' || c == ',' || c == ')' => {
+                end_word(&mut word, &mut words);
+            }
+            c => word.push(c),
+        }
+    }
+    end_word(&mut word, &mut words);
+    let mut tables = Vec::new();
+    let is = |w: Option<&String>, k: &str| w.is_some_and(|w| w.eq_ignore_ascii_case(k));
+    let mut i = 0;
+    while i < words.len() {
+        if is(words.get(i), "create") && is(words.get(i + 1), "table") {
+            let mut at = i + 2;
+            if is(words.get(at), "if")
+                && is(words.get(at + 1), "not")
+                && is(words.get(at + 2), "exists")
+            {
+                at += 3;
+            }
+            if let Some(name) = words.get(at) {
+                tables.push(name.clone());
+            }
+            i = at;
+        }
+        i += 1;
+    }
+    tables
+}
+
+/// A view's SQL file: statements under `-- name: <name>` headers ([`named_sql`]), compiled
+/// into the binary with `include_str!`:
+///
+/// ```
+/// use projector_engine::SqlFile;
+///
+/// const SQL: SqlFile = SqlFile::new(
+///     "cash_balance.sql",
+///     "-- name: ddl\nCREATE TABLE IF NOT EXISTS cash_balance_v{v} (account_id bigint);\n",
+/// );
+/// assert_eq!(SQL.section("ddl"), "CREATE TABLE IF NOT EXISTS cash_balance_v{v} (account_id bigint)");
+/// assert_eq!(SQL.get("read"), None);
+/// ```
+///
+/// In a view's module: `const SQL: SqlFile = SqlFile::new("src/cash_balance.sql",
+/// include_str!("cash_balance.sql"));`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqlFile {
+    /// The file's path, for the message of a missing section.
+    path: &'static str,
+    text: &'static str,
+}
+
+impl SqlFile {
+    /// The file at `path` (named in messages only) whose text is `text`.
+    pub const fn new(path: &'static str, text: &'static str) -> Self {
+        Self { path, text }
+    }
+
+    /// The file's path, as given.
+    pub fn path(&self) -> &'static str {
+        self.path
+    }
+
+    /// The statement under `-- name: <name>`, when there is one.
+    pub fn get(&self, name: &str) -> Option<&'static str> {
+        named_sql(self.text, name)
+    }
+
+    /// The statement under `-- name: <name>`.
+    ///
+    /// The text is compiled in, so a missing section is a defect of the build, not of its
+    /// input: test that every section a view uses is there (reading each once is enough).
+    /// Panicking names the file and the section, which an empty statement (the silent
+    /// alternative) would not: empty DDL "succeeds" and creates nothing.
+    pub fn section(&self, name: &str) -> &'static str {
+        self.get(name)
+            .unwrap_or_else(|| panic!("{} has no `-- name: {name}` section", self.path))
     }
 }
 
@@ -508,5 +666,23 @@ mod tests {
             Some("-- comment\nINSERT INTO a\nSELECT 1")
         );
         assert_eq!(named_sql(text, "missing"), None);
+    }
+
+    #[test]
+    fn tables_are_read_off_the_ddl() {
+        let ddl = "-- CREATE TABLE not_this (a int);
+CREATE TABLE IF NOT EXISTS risk_positions_v{v} (
+    account_id bigint NOT NULL, -- create table nor_this
+    note text DEFAULT 'CREATE TABLE nor_that'
+);
+/* CREATE TABLE nor_these */
+CREATE INDEX IF NOT EXISTS risk_idx_v{v} ON risk_positions_v{v} (account_id);
+create table if not exists risk_v{v}(account_id bigint PRIMARY KEY);
+CREATE TABLE plain_v{v} (a int)";
+        assert_eq!(
+            tables_in(ddl),
+            ["risk_positions_v{v}", "risk_v{v}", "plain_v{v}"]
+        );
+        assert!(tables_in("CREATE INDEX i ON t (a)").is_empty());
     }
 }

@@ -302,6 +302,12 @@ impl Projection for NoGold {
     fn subscribes(&self) -> &[&str] {
         self.0.subscribes()
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        self.0.check_data(event)
+    }
     fn dedup(&self) -> DedupMode {
         self.0.dedup()
     }
@@ -335,9 +341,9 @@ impl Projection for NoGold {
     fn replaces(&self) -> Vec<String> {
         self.0.replaces()
     }
-    fn validate(&self, event: &Event) -> Result<(), String> {
+    fn validate(&self, event: &Event) -> Result<(), projector_engine::Rejected> {
         if event.data.contains("XAUUSD") {
-            return Err("gold is not traded here".to_owned());
+            return Err(projector_engine::Rejected::rule("gold is not traded here"));
         }
         Ok(())
     }
@@ -465,6 +471,12 @@ impl Projection for KnowsVersion3 {
     fn subscribes(&self) -> &[&str] {
         self.0.subscribes()
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        self.0.check_data(event)
+    }
     fn dedup(&self) -> DedupMode {
         self.0.dedup()
     }
@@ -507,9 +519,9 @@ impl Projection for KnowsVersion3 {
     fn replaces(&self) -> Vec<String> {
         vec![fingerprint::of(&*self.0)]
     }
-    fn validate(&self, event: &Event) -> Result<(), String> {
+    fn validate(&self, event: &Event) -> Result<(), projector_engine::Rejected> {
         if event.event_type == "fill_executed" && !event.data.contains("\"venue\"") {
-            return Err("version 3 has a venue".to_owned());
+            return Err(projector_engine::Rejected::rule("version 3 has a venue"));
         }
         Ok(())
     }

@@ -141,6 +141,12 @@ impl Projection for Reads {
     fn subscribes(&self) -> &[&str] {
         self.inner.subscribes()
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        self.inner.check_data(event)
+    }
     fn dedup(&self) -> DedupMode {
         self.inner.dedup()
     }
@@ -171,7 +177,7 @@ impl Projection for Reads {
     fn snapshot_sql(&self) -> Option<String> {
         self.inner.snapshot_sql()
     }
-    fn validate(&self, event: &Event) -> Result<(), String> {
+    fn validate(&self, event: &Event) -> Result<(), projector_engine::Rejected> {
         self.inner.validate(event)
     }
     fn upcasters(&self) -> Vec<Upcaster> {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use projector_engine::testkit::conformance::{self, Factory};
 use projector_engine::testkit::{cash, fill, TestDb};
-use projector_engine::Registry;
+use projector_engine::{Registry, Versioned};
 
 // The example is a binary; its `main` is not called here.
 #[allow(dead_code)]
@@ -34,7 +34,7 @@ async fn the_cash_balance_view_passes_the_conformance_suite() {
         cash(3, 1, "2026-11-29T12:00:00Z", "5", "deposit"),
         cash(3, 2, "2026-11-30T12:00:00Z", "7.000", "deposit"),
     ];
-    let factory: Factory = Arc::new(|version| Arc::new(CashBalance::new(version)));
+    let factory: Factory = Arc::new(|version| Arc::new(Versioned::new(version, CashBalance)));
     let report = conformance::run(factory, &events).await;
     // (account_id, movements, deposited, withdrawn, balance), computed by hand: the fill is
     // not a movement, withdrawals are kept positive, sums keep the larger scale.
@@ -87,4 +87,26 @@ async fn migrate_with_the_example_registry_creates_its_tables() {
         .expect("the view version is registered")
         .get(0);
     assert_eq!(state, "live");
+}
+
+/// The engine knows no event type: the example view applies the built-in rules of
+/// `cash_adjusted` itself, so a movement without a reason stays poison for it, as it was when
+/// the engine applied them, while a sound one passes.
+#[test]
+fn the_cash_balance_view_applies_the_built_in_rules_of_its_type() {
+    use projector_engine::{decode_envelope, Message, Projection};
+    let view = Versioned::new(1, CashBalance);
+    let event = |data: &str| {
+        let payload = format!(
+            r#"{{"event_id":"c-1","type":"cash_adjusted","account_id":1,"seq":1,"occurred_at":"2026-11-29T09:00:00Z","data":{data}}}"#
+        );
+        decode_envelope(&Message::new(0, None, payload)).expect("a sound envelope")
+    };
+    let err = view
+        .check_data(&event(r#"{"amount":"1.00","reason":""}"#))
+        .expect_err("no reason");
+    assert!(err.to_string().contains("data.reason"), "{err}");
+    assert!(view
+        .check_data(&event(r#"{"amount":"-1.00","reason":"fee"}"#))
+        .is_ok());
 }

@@ -515,6 +515,12 @@ impl Projection for PanicsOn {
     fn subscribes(&self) -> &[&str] {
         self.inner.subscribes()
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        self.inner.check_data(event)
+    }
     fn dedup(&self) -> projector_engine::DedupMode {
         self.inner.dedup()
     }
@@ -542,7 +548,7 @@ impl Projection for PanicsOn {
     fn upcasters(&self) -> Vec<projector_engine::Upcaster> {
         self.inner.upcasters()
     }
-    fn validate(&self, event: &projector_engine::Event) -> Result<(), String> {
+    fn validate(&self, event: &projector_engine::Event) -> Result<(), projector_engine::Rejected> {
         assert!(
             !(event.account_id == self.account && event.seq == self.seq),
             "a plugin's check panicked"

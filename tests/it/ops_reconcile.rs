@@ -25,6 +25,13 @@ impl Projection for Flow {
     fn subscribes(&self) -> &[&str] {
         &["fill_executed"]
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        // The built-in types' rules, which the engine applied itself before they left it.
+        projector_views::events::check_rules(event)
+    }
     fn dedup(&self) -> DedupMode {
         DedupMode::Inbox
     }

@@ -36,6 +36,12 @@ impl Projection for Strict {
     fn subscribes(&self) -> &[&str] {
         self.0.subscribes()
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        self.0.check_data(event)
+    }
     fn dedup(&self) -> DedupMode {
         self.0.dedup()
     }
@@ -51,11 +57,13 @@ impl Projection for Strict {
     fn read_sql(&self) -> String {
         self.0.read_sql()
     }
-    fn validate(&self, event: &Event) -> Result<(), String> {
-        let data: serde_json::Value =
-            serde_json::from_str(&event.data).map_err(|e| e.to_string())?;
+    fn validate(&self, event: &Event) -> Result<(), projector_engine::Rejected> {
+        let data: serde_json::Value = serde_json::from_str(&event.data)
+            .map_err(|e| projector_engine::Rejected::rule(e.to_string()))?;
         match data["qty"].as_str() {
-            Some(q) if q.len() >= 7 => Err(format!("qty {q} is too large")),
+            Some(q) if q.len() >= 7 => Err(projector_engine::Rejected::rule(format!(
+                "qty {q} is too large"
+            ))),
             _ => Ok(()),
         }
     }

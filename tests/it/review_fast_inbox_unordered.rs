@@ -51,6 +51,13 @@ impl Projection for Ledger {
     fn subscribes(&self) -> &[&str] {
         &["fill_executed"]
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        // The built-in types' rules, which the engine applied itself before they left it.
+        projector_views::events::check_rules(event)
+    }
     fn dedup(&self) -> DedupMode {
         DedupMode::Inbox
     }
@@ -99,6 +106,12 @@ impl Projection for Noisy {
     }
     fn subscribes(&self) -> &[&str] {
         Ledger.subscribes()
+    }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        Ledger.check_data(event)
     }
     fn dedup(&self) -> DedupMode {
         DedupMode::Inbox

@@ -726,6 +726,13 @@ impl projector_engine::Projection for SumJournal {
     fn subscribes(&self) -> &[&str] {
         &["fill_executed"]
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        // The built-in types' rules, which the engine applied itself before they left it.
+        projector_views::events::check_rules(event)
+    }
     fn dedup(&self) -> projector_engine::DedupMode {
         projector_engine::DedupMode::Inbox
     }
@@ -795,6 +802,13 @@ impl projector_engine::Projection for Journal {
     }
     fn subscribes(&self) -> &[&str] {
         &["fill_executed"]
+    }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        // The built-in types' rules, which the engine applied itself before they left it.
+        projector_views::events::check_rules(event)
     }
     fn dedup(&self) -> projector_engine::DedupMode {
         projector_engine::DedupMode::Inbox

@@ -15,13 +15,13 @@
 use std::sync::Arc;
 
 use crate::support::{offsets, rows, trail_of};
-use projector_engine::event::FILL_EXECUTED;
 use projector_engine::projection::named_sql;
 use projector_engine::testkit::{bust, consume, fill, EventSpec, Lcg, Partition, TestDb};
 use projector_engine::{
     Applier, ApplySql, Batch, BatchOutcome, Counts, DedupMode, Disposition, Field, Projection,
     Registry, SourceOrdering,
 };
+use projector_views::events::FILL_EXECUTED;
 use projector_views::Portfolio;
 
 use Disposition::*;
@@ -50,6 +50,12 @@ impl Projection for OldPortfolio {
     }
     fn subscribes(&self) -> &[&str] {
         self.0.subscribes()
+    }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        self.0.check_data(event)
     }
     fn dedup(&self) -> DedupMode {
         self.0.dedup()

@@ -158,7 +158,7 @@ async fn a_retry_gets_the_first_reply_and_a_different_body_is_refused() {
     // The stored event is exactly what the engine decodes, and the position is booked.
     let events = stored_events(p).await;
     let message = projector_engine::Message::new(0, Some(b"42".to_vec()), events[1].2.as_bytes());
-    let decoded = projector_engine::decode(&message).expect("the wire format");
+    let decoded = projector_views::events::decode(&message).expect("the wire format");
     assert_eq!((decoded.account_id, decoded.seq), (42, 1));
     assert!(
         events[1].2.contains(r#""qty":"300","price":"1.08420""#),

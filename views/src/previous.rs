@@ -72,6 +72,12 @@ impl<P: Projection + Clone> Projection for BeforeEventVersions<P> {
         }
         fields
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        crate::events::check_rules(event)
+    }
     fn ddl(&self) -> String {
         self.inner.ddl()
     }
@@ -146,6 +152,12 @@ impl Projection for PortfolioInRounds {
     }
     fn upcasters(&self) -> Vec<Upcaster> {
         self.inner.upcasters()
+    }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        crate::events::check_rules(event)
     }
     fn ddl(&self) -> String {
         self.inner.ddl()

@@ -16,7 +16,7 @@
 //! none reads version 1, and a version 2 fill is an unknown version to it
 //! (`docs/wire-format.md`).
 
-use projector_engine::event::{FILL_BUSTED, FILL_EXECUTED};
+use crate::events::{FILL_BUSTED, FILL_EXECUTED};
 use projector_engine::upcast::{Data, Upcaster};
 
 /// The upcasters of the built-in event types: `fill_executed` and `fill_busted`, 1 -> 2.
@@ -52,8 +52,9 @@ fn side_into_sign(data: &mut Data) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::decode;
     use projector_engine::upcast::Upcasters;
-    use projector_engine::{decode, Message};
+    use projector_engine::Message;
 
     fn message(version: Option<i32>, event_type: &str, data: &str) -> Message {
         let version = version.map_or(String::new(), |v| format!(r#""type_version":{v},"#));

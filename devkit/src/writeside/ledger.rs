@@ -23,8 +23,10 @@ use std::str::FromStr;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use deadpool_postgres::Transaction;
-use projector_engine::event::{CASH_ADJUSTED, FILL_BUSTED, FILL_EXECUTED, MAX_SYMBOL_BYTES};
-use projector_engine::{decode, Message};
+use projector_engine::Message;
+use projector_views::events::{
+    decode, CASH_ADJUSTED, FILL_BUSTED, FILL_EXECUTED, MAX_SYMBOL_BYTES,
+};
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde::{Deserialize, Serialize};
 
@@ -303,7 +305,7 @@ fn envelope<D: Serialize>(
         data,
     })
     .map_err(|e| WriteSideError::InvalidRequest(format!("cannot write the event: {e}")))?;
-    // The engine's own decoder: whatever it would dead-letter is refused here instead.
+    // The built-in views' decoder: whatever they would dead-letter is refused here instead.
     decode(&Message::new(
         0,
         Some(account_id.to_string().into_bytes()),

@@ -42,7 +42,9 @@ use tokio_postgres::Statement;
 use tracing::Instrument;
 
 use crate::bell::Bell;
-use crate::event::{check_data, decode_envelope, extract_fields, salvage, Event, Message};
+use crate::event::{
+    check_storable, decode_envelope, extract_fields, salvage, DecodeError, Event, Message,
+};
 use crate::inbox;
 use crate::metrics::ViewMetrics;
 use crate::projection::{
@@ -700,7 +702,7 @@ impl Applier {
     ///
     /// This is the one place an event is upcast, for every path: a batch of the stream or of
     /// a rebuild's tail, a waiting event read back, a dead letter retried. A subscribed event
-    /// is checked at the version it came in (the built-in types' shapes), brought to the
+    /// is checked at the version it came in (the view's rules for its type's data), brought to the
     /// version the view reads by the view's upcasters, and checked again at that version,
     /// before the view's declared fields are read and its own checks run. One newer than the
     /// view reads is held ([`Decoded::Held`]) or dead-lettered, by the view's policy. Every
@@ -739,7 +741,8 @@ impl Applier {
                         )),
                     };
                 }
-                check_data(&event).map_err(|e| versioned(&event, seen, seen, e))?;
+                self.check_data(&event)
+                    .map_err(|e| versioned(&event, seen, seen, e))?;
                 if seen < reads {
                     // Upcasters are the view's own Rust code too: a panic in one poisons this
                     // event for the view, as one in `validate` does, instead of ending the
@@ -760,7 +763,8 @@ impl Applier {
                         )
                     })?
                     .map_err(|e| e.to_string())?;
-                    check_data(&event).map_err(|e| versioned(&event, seen, reads, e))?;
+                    self.check_data(&event)
+                        .map_err(|e| versioned(&event, seen, reads, e))?;
                 }
                 let values = extract_fields(&event, &self.fields)
                     .map_err(|e| versioned(&event, seen, reads, e))?;
@@ -791,6 +795,14 @@ impl Applier {
             error,
             salvage: salvage(&message.payload),
         })
+    }
+
+    /// The view's rules for the data of an event's type at the event's version
+    /// ([`Projection::check_data`]), then what every type's data must pass
+    /// ([`check_storable`]).
+    fn check_data(&self, event: &Event) -> Result<(), DecodeError> {
+        self.projection.check_data(event)?;
+        check_storable(event)
     }
 
     /// The version the view reads each type it subscribes to at, for the drains that look

@@ -111,7 +111,7 @@ pub fn fill(
     fee: &str,
 ) -> EventSpec {
     EventSpec::new(
-        crate::event::FILL_EXECUTED,
+        "fill_executed",
         account_id,
         seq,
         at,
@@ -131,7 +131,7 @@ pub fn fill_v2(
     fee: &str,
 ) -> EventSpec {
     EventSpec::new(
-        crate::event::FILL_EXECUTED,
+        "fill_executed",
         account_id,
         seq,
         at,
@@ -155,13 +155,7 @@ pub fn bust(original: &EventSpec, seq: i64, at: &str) -> EventSpec {
             "symbol": d["symbol"], "side": d["side"], "qty": d["qty"], "price": d["price"],
         })
     };
-    let bust = EventSpec::new(
-        crate::event::FILL_BUSTED,
-        original.account_id,
-        seq,
-        at,
-        data,
-    );
+    let bust = EventSpec::new("fill_busted", original.account_id, seq, at, data);
     match original.type_version {
         Some(v) => bust.with_version(v),
         None => bust,
@@ -171,7 +165,7 @@ pub fn bust(original: &EventSpec, seq: i64, at: &str) -> EventSpec {
 /// A `cash_adjusted` event.
 pub fn cash(account_id: i64, seq: i64, at: &str, amount: &str, reason: &str) -> EventSpec {
     EventSpec::new(
-        crate::event::CASH_ADJUSTED,
+        "cash_adjusted",
         account_id,
         seq,
         at,

@@ -42,6 +42,13 @@ impl Projection for Trail {
     fn subscribes(&self) -> &[&str] {
         &["fill_executed"]
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        // The built-in types' rules, which the engine applied itself before they left it.
+        projector_views::events::check_rules(event)
+    }
     fn dedup(&self) -> DedupMode {
         self.dedup
     }
@@ -110,6 +117,13 @@ impl Projection for Tally {
     }
     fn subscribes(&self) -> &[&str] {
         &["fill_executed", "memo"]
+    }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        // The built-in types' rules, which the engine applied itself before they left it.
+        projector_views::events::check_rules(event)
     }
     fn dedup(&self) -> DedupMode {
         DedupMode::Inbox

@@ -70,6 +70,12 @@ impl Projection for Variant {
     fn subscribes(&self) -> &[&str] {
         self.inner.subscribes()
     }
+    fn check_data(
+        &self,
+        event: &projector_engine::Event,
+    ) -> Result<(), projector_engine::DecodeError> {
+        self.inner.check_data(event)
+    }
     fn dedup(&self) -> DedupMode {
         self.dedup.unwrap_or_else(|| self.inner.dedup())
     }
@@ -103,7 +109,7 @@ impl Projection for Variant {
     fn snapshot_sql(&self) -> Option<String> {
         self.inner.snapshot_sql()
     }
-    fn validate(&self, event: &projector_engine::Event) -> Result<(), String> {
+    fn validate(&self, event: &projector_engine::Event) -> Result<(), projector_engine::Rejected> {
         self.inner.validate(event)
     }
     fn upcasters(&self) -> Vec<projector_engine::Upcaster> {

@@ -10,10 +10,11 @@
 
 use std::sync::Arc;
 
-use projector_engine::event::{CASH_ADJUSTED, FILL_BUSTED, FILL_EXECUTED};
+use crate::events::{CASH_ADJUSTED, FILL_BUSTED, FILL_EXECUTED};
+use projector_engine::event::{DecodeError, Event};
 use projector_engine::{ApplySql, DedupMode, Field, Projection, Upcaster};
 
-use crate::sql::SqlFile;
+use projector_engine::SqlFile;
 
 const SQL: SqlFile = SqlFile::new("views/src/eod/eod.sql", include_str!("eod.sql"));
 
@@ -66,6 +67,12 @@ impl Projection for Eod {
         ]
     }
 
+    fn check_data(&self, event: &Event) -> Result<(), DecodeError> {
+        // The built-in types' rules (`crate::events`): what the engine applied itself before
+        // the trading domain left it.
+        crate::events::check_rules(event)
+    }
+
     fn upcasters(&self) -> Vec<Upcaster> {
         // Fills and busts at version 2: a signed quantity, no side.
         crate::upcast::upcasters()
@@ -79,10 +86,6 @@ impl Projection for Eod {
 
     fn ddl(&self) -> String {
         SQL.section("ddl").to_owned()
-    }
-
-    fn tables(&self) -> Vec<String> {
-        vec!["eod_v{v}".to_owned()]
     }
 
     fn apply_sql(&self) -> ApplySql {

@@ -11,10 +11,11 @@
 
 use std::sync::Arc;
 
-use projector_engine::event::{FILL_BUSTED, FILL_EXECUTED};
+use crate::events::{FILL_BUSTED, FILL_EXECUTED};
+use projector_engine::event::{DecodeError, Event};
 use projector_engine::{ApplySql, DedupMode, Field, Projection, Upcaster};
 
-use crate::sql::SqlFile;
+use projector_engine::SqlFile;
 
 const SQL: SqlFile = SqlFile::new(
     "views/src/portfolio/portfolio.sql",
@@ -73,6 +74,12 @@ impl Projection for Portfolio {
         ]
     }
 
+    fn check_data(&self, event: &Event) -> Result<(), DecodeError> {
+        // The built-in types' rules (`crate::events`): what the engine applied itself before
+        // the trading domain left it.
+        crate::events::check_rules(event)
+    }
+
     fn upcasters(&self) -> Vec<Upcaster> {
         // Fills and busts at version 2: a signed quantity, no side.
         crate::upcast::upcasters()
@@ -92,10 +99,6 @@ impl Projection for Portfolio {
 
     fn ddl(&self) -> String {
         SQL.section("ddl").to_owned()
-    }
-
-    fn tables(&self) -> Vec<String> {
-        vec!["portfolio_v{v}".to_owned()]
     }
 
     fn apply_sql(&self) -> ApplySql {

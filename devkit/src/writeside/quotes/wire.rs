@@ -14,7 +14,7 @@
 
 use std::str::FromStr;
 
-use projector_engine::event::MAX_SYMBOL_BYTES;
+use projector_views::events::MAX_SYMBOL_BYTES;
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
