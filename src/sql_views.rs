@@ -44,7 +44,10 @@ pub async fn registry(base: Registry, dir: Option<&Path>, url: &str) -> anyhow::
 /// Parses the SQL views of `dir`, refusing a name the compiled views already use.
 fn load(base: &Registry, dir: &Path) -> anyhow::Result<Vec<SqlView>> {
     let upcasters = sql_view::upcasters_of(base.all());
-    let views = sql_view::load_dir(dir, &upcasters)?;
+    let views: Vec<SqlView> = sql_view::load_dir(dir, &upcasters)?
+        .into_iter()
+        .map(|v| v.with_rules_of(base.all()))
+        .collect();
     let compiled = base.names();
     for v in &views {
         if compiled.contains(v.name()) {
@@ -78,7 +81,7 @@ pub async fn check_dir(base: &Registry, args: CheckArgs, url: &str) -> anyhow::R
         load(base, &args.dir)?
     } else {
         let upcasters = sql_view::upcasters_of(base.all());
-        vec![sql_view::load_path(&args.dir, &upcasters)?]
+        vec![sql_view::load_path(&args.dir, &upcasters)?.with_rules_of(base.all())]
     };
     if views.is_empty() {
         anyhow::bail!(

@@ -114,6 +114,9 @@ pub struct SqlView {
     unknown_version: UnknownVersion,
     replaces: Vec<String>,
     upcasters: Vec<Upcaster>,
+    /// Per subscribed type, a compiled view of the binary that reads it: its
+    /// [`Projection::check_data`] holds the type's rules ([`SqlView::with_rules_of`]).
+    rules: BTreeMap<&'static str, Arc<dyn Projection>>,
     tables: Vec<String>,
     ddl: String,
     ctes: String,
@@ -152,6 +155,26 @@ impl SqlView {
             version,
             ..self.clone()
         }
+    }
+
+    /// The same view, checking each subscribed type's `data` by the rules of the compiled
+    /// views of `views` that read the type (the first that subscribes to it): the engine
+    /// knows no type's rules, the binary's views do (`projector_views::events::check_rules`
+    /// for the built-in types), and an event that is poison for a compiled view of its type
+    /// must be poison for a SQL view too. A type no compiled view reads has no rules beyond
+    /// the engine's envelope and storage checks.
+    pub fn with_rules_of<'a>(
+        mut self,
+        views: impl IntoIterator<Item = &'a Arc<dyn Projection>>,
+    ) -> SqlView {
+        for v in views {
+            for t in v.subscribes() {
+                if let Some(ours) = self.subscribes.iter().find(|s| **s == *t) {
+                    self.rules.entry(ours).or_insert_with(|| Arc::clone(v));
+                }
+            }
+        }
+        self
     }
 
     /// `<file>:<line>` of the header's `-- view:` line, for errors about the view as a whole.
@@ -227,6 +250,12 @@ impl Projection for SqlView {
     }
     fn upcasters(&self) -> Vec<Upcaster> {
         self.upcasters.clone()
+    }
+    fn check_data(&self, event: &crate::event::Event) -> Result<(), crate::event::DecodeError> {
+        match self.rules.get(event.event_type.as_str()) {
+            Some(compiled) => compiled.check_data(event),
+            None => Ok(()),
+        }
     }
     fn unknown_version(&self) -> UnknownVersion {
         self.unknown_version
@@ -759,6 +788,7 @@ pub fn parse(texts: &[(String, String)], upcasters: &[Upcaster]) -> Result<SqlVi
         unknown_version,
         replaces,
         upcasters: chosen,
+        rules: BTreeMap::new(),
         tables: tables.into_iter().map(|(t, _)| t).collect(),
         ddl,
         ctes,

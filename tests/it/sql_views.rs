@@ -558,3 +558,47 @@ fn views_check_runs_the_conformance_suite_and_names_a_view_that_fails_it() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The engine knows no event type's rules; a SQL view reading a built-in type takes them from
+/// the compiled views that read it. A cash movement whose reason is longer than the built-in
+/// rules allow is poison for `cash_by_day` as it is for `eod`; without the compiled views'
+/// rules, the same view applies it.
+#[test]
+fn a_sql_view_refuses_what_the_compiled_views_rules_refuse() {
+    use projector_engine::sql_view;
+    use projector_engine::testkit::{consume, Partition};
+    use projector_engine::{Applier, Projection, SourceOrdering};
+    use std::sync::Arc;
+    runtime().block_on(async {
+        let compiled = projector_views::registry().expect("built-in views");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sql_views/cash_by_day.sql");
+        let upcasters = sql_view::upcasters_of(compiled.all());
+        let bare = sql_view::load_path(&path, &upcasters).expect("the example loads");
+        let ruled = bare.clone().with_rules_of(compiled.all());
+        let long = "x".repeat(2_000);
+        let events = [
+            cash(1, 1, "2026-01-05T10:00:00Z", "10.50", "deposit"),
+            cash(1, 2, "2026-01-05T11:00:00Z", "99", &long),
+        ];
+        for (view, poison) in [(ruled, 1i64), (bare, 0)] {
+            let view: Arc<dyn Projection> = Arc::new(view);
+            let mut registry = projector_engine::Registry::new();
+            registry.add(Arc::clone(&view)).expect("registry");
+            let db = TestDb::new(&registry).await;
+            let mut client = db.client().await;
+            let applier =
+                Applier::new(Arc::clone(&view), SourceOrdering::PerAccount).expect("applier");
+            let log = Partition::from_events("cash", 0, &events);
+            consume(&applier, &mut client, &log, 10).await;
+            let dead: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM projector.dead_letters WHERE consumer = 'cash_by_day_v1'",
+                    &[],
+                )
+                .await
+                .expect("dead letters")
+                .get(0);
+            assert_eq!(dead, poison, "rules applied: {}", poison == 1);
+        }
+    });
+}
