@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use projector_engine::kafka::running::{self, Session};
-use projector_engine::kafka::source::{run_view, KafkaConfig, NoObserver, SourceError};
+use projector_engine::kafka::source::{run_view, KafkaConfig, Observer, SourceError};
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -164,6 +164,35 @@ impl Restart {
     }
 }
 
+/// The offsets the tail's commits reached as PostgreSQL acknowledged them, per partition.
+///
+/// A rebuild commits with `synchronous_commit = off`: a crash of PostgreSQL may undo commits
+/// it had acknowledged. The rows, inbox rows and offsets of each such batch go together, so
+/// the result stays exact, but the tail's Kafka client has read past them, and a client at the
+/// end of a quiet log would wait for a next message before its fencing finds the stored offset
+/// behind it (a cutover waiting for the lag in vain meanwhile). So every tick compares: a
+/// stored offset below one acknowledged means commits were lost, and the tail starts again
+/// from the offsets PostgreSQL kept. Read before the offsets are: whatever was acknowledged
+/// then is visible to the tick's query unless it was lost.
+#[derive(Debug, Default)]
+struct Acknowledged(std::sync::Mutex<std::collections::HashMap<i32, i64>>);
+
+impl Acknowledged {
+    fn offsets(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<i32, i64>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Observer for Acknowledged {
+    fn committed(&self, _consumer: &str, partition: i32, next_offset: i64) {
+        let mut offsets = self.offsets();
+        let reached = offsets.entry(partition).or_insert(next_offset);
+        *reached = (*reached).max(next_offset);
+    }
+}
+
 /// The version a tail builds, and the session that holds its running lock ([`running`]).
 pub(crate) struct Held<'a> {
     pub code: &'a Arc<dyn Projection>,
@@ -236,6 +265,7 @@ pub(crate) async fn run(
     let log = Arc::new(std::sync::Mutex::new(log));
 
     let mut consuming: Option<Consuming> = None;
+    let acknowledged = Arc::new(Acknowledged::default());
     // A tail that stopped with an error (it could not start: a table locked past the
     // statement timeout, PostgreSQL away) starts again after a backoff, never gives up.
     let mut restart = Restart::new();
@@ -295,7 +325,31 @@ pub(crate) async fn run(
                 progress.message(&format!("{name} v{version} is live now"));
                 return Ok(Some(Outcome::Stopped { version }));
             }
+            let acked = acknowledged.offsets().clone();
             let (status, overtaken) = measure(pool, &log, &consumer, row.paused, &mut last).await?;
+            let lost: Vec<String> = status
+                .partitions
+                .iter()
+                .filter_map(|p| {
+                    let acked = *acked.get(&p.partition)?;
+                    (acked > p.next_offset).then(|| {
+                        format!("partition {} at {} of {acked}", p.partition, p.next_offset)
+                    })
+                })
+                .collect();
+            if !lost.is_empty() {
+                // Only a tail that is stopped forgets what it read: the next one is assigned
+                // at the offsets PostgreSQL kept, at once (no backoff: nothing failed here).
+                if let Some(c) = consuming.take() {
+                    c.stop_logged(&consumer).await;
+                }
+                acknowledged.offsets().clear();
+                tracing::warn!(%consumer, lost = %lost.join(", "), "PostgreSQL lost commits it had acknowledged (a crash, with the rebuild's synchronous_commit = off); the tail starts again from what it kept");
+                progress.message(&format!(
+                    "PostgreSQL lost the last commits of {consumer} ({}); reading them again",
+                    lost.join(", ")
+                ));
+            }
             if !options.allow_gaps && !overtaken.is_empty() {
                 return Err(RebuildError::Overtaken {
                     detail: overtaken
@@ -325,7 +379,7 @@ pub(crate) async fn run(
                         applier.clone(),
                         pool.clone(),
                         config.clone(),
-                        Arc::new(NoObserver),
+                        acknowledged.clone(),
                         token.clone(),
                     ));
                     consuming = Some(Consuming { token, task });
