@@ -273,7 +273,7 @@ pub(crate) async fn run(
     // The log as it stood when the tail started: all of it is consumed before an automatic
     // cutover, so a small topic is never cut over with its whole backlog under the lag
     // threshold and unapplied.
-    let backlog: Vec<(i32, i64)> = {
+    let extents: Vec<Extent> = {
         let log = Arc::clone(&log);
         tokio::task::spawn_blocking(move || match log.lock() {
             Ok(l) => l.extents(),
@@ -281,10 +281,9 @@ pub(crate) async fn run(
         })
         .await
         .map_err(|e| RebuildError::Tail(e.to_string()))??
-        .into_iter()
-        .map(|e| (e.partition, e.high))
-        .collect()
     };
+    let backlog: Vec<(i32, i64)> = extents.iter().map(|e| (e.partition, e.high)).collect();
+    place(pool, &consumer, &kafka.topic, &extents).await?;
     // Every error of a tick ends the loop through the same door as an outcome, so that the
     // tail is stopped (its batches committed or rolled back) before the rebuild returns and
     // lets go of its running lock; a tail left running would write after a drop.
@@ -451,6 +450,48 @@ pub(crate) async fn run(
         c.stop_logged(&consumer).await;
     }
     result
+}
+
+/// Gives every partition of the log an offset row, at the log's start, where the version has
+/// none yet, in a commit that waits for the WAL (`synchronous_commit = on` for it alone).
+///
+/// Why: the rebuild's batches commit with `synchronous_commit = off`, and the first batch of a
+/// partition creates its offset row at the batch's start (`LOCK_OFFSET`). A crash of PostgreSQL
+/// that undid every commit of a partition would take the row with it, and a tail that rode
+/// the crash out, its Kafka client already past the lost batches, would create the row afresh
+/// at its next batch's start: the lost messages skipped for good, their accounts parked. With
+/// the row made durable before any batch, a crash can only take it back to an earlier offset,
+/// which the next batch's fencing finds (`Fenced`, and the tail reads again from there). A
+/// partition added to the topic while the rebuild runs gets its row from its first batch, as
+/// before; the seed of a snapshot writes every row in its own commit, which waits too.
+async fn place(
+    pool: &Pool,
+    consumer: &str,
+    topic: &str,
+    extents: &[Extent],
+) -> Result<(), RebuildError> {
+    let (partitions, lows): (Vec<i32>, Vec<i64>) =
+        extents.iter().map(|e| (e.partition, e.low)).unzip();
+    let mut client = pool
+        .get()
+        .await
+        .map_err(|e| RebuildError::Connect(e.to_string()))?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(db("placing the tail's offsets"))?;
+    tx.batch_execute("SET LOCAL synchronous_commit = on")
+        .await
+        .map_err(db("placing the tail's offsets"))?;
+    tx.execute(
+        "INSERT INTO projector.offsets (consumer, topic, partition, next_offset) \
+         SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS x(p, o) \
+         ON CONFLICT (consumer, topic, partition) DO NOTHING",
+        &[&consumer, &topic, &partitions, &lows],
+    )
+    .await
+    .map_err(db("placing the tail's offsets"))?;
+    tx.commit().await.map_err(db("placing the tail's offsets"))
 }
 
 /// A partition whose log now starts past where the rebuild is: retention dropped messages
