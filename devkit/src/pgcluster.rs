@@ -1,6 +1,7 @@
-//! A throwaway PostgreSQL cluster for the demo: made with the PostgreSQL binaries found on
-//! the machine, reachable only through a Unix socket in a private directory, and removed
-//! when dropped.
+//! A throwaway PostgreSQL cluster for the demo, and for tests that crash PostgreSQL under the
+//! engine ([`PgCluster::crash`]) without touching a shared server: made with the PostgreSQL
+//! binaries found on the machine, reachable only through a Unix socket in a private directory,
+//! and removed when dropped.
 //!
 //! Why this shape: a newcomer's machine may have PostgreSQL installed but not running, or
 //! running with password authentication. Making a server answer without a password by
@@ -158,28 +159,7 @@ impl PgCluster {
                 "--no-sync".as_ref(),
             ],
         )?;
-        let options = format!(
-            "-c listen_addresses='' -c unix_socket_directories='{}' -p {} \
-             -c fsync=off -c full_page_writes=off -c max_connections=200",
-            cluster.dir.display(),
-            cluster.port
-        );
-        let log = cluster.dir.join("server.log");
-        cluster.run(
-            "pg_ctl",
-            &[
-                "-D".as_ref(),
-                data.as_os_str(),
-                "-l".as_ref(),
-                log.as_os_str(),
-                "-o".as_ref(),
-                options.as_ref(),
-                "-w".as_ref(),
-                "-t".as_ref(),
-                "60".as_ref(),
-                "start".as_ref(),
-            ],
-        )?;
+        cluster.start_server()?;
         cluster.version = std::fs::read_to_string(data.join("PG_VERSION"))
             .map(|v| v.trim().to_owned())
             .unwrap_or_default();
@@ -203,6 +183,58 @@ impl PgCluster {
     /// The cluster's directory (data, socket, log), removed on drop.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Crashes the server: `pg_ctl stop -m immediate`, which ends the postmaster and every
+    /// backend at once, without a checkpoint and without flushing the WAL still in shared
+    /// memory (what a commit with `synchronous_commit = off` may have left there is lost, as in
+    /// a crash of the machine's PostgreSQL). [`PgCluster::restart`] then recovers from the WAL.
+    /// Returns once the server is down.
+    pub fn crash(&self) -> Result<(), PgClusterError> {
+        let data = self.data_dir();
+        self.run(
+            "pg_ctl",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-m".as_ref(),
+                "immediate".as_ref(),
+                "-w".as_ref(),
+                "stop".as_ref(),
+            ],
+        )
+    }
+
+    /// Starts the server again after [`PgCluster::crash`] (crash recovery first), with the
+    /// same socket and settings. Returns once it accepts connections.
+    pub fn restart(&self) -> Result<(), PgClusterError> {
+        self.start_server()
+    }
+
+    fn start_server(&self) -> Result<(), PgClusterError> {
+        let data = self.data_dir();
+        let options = format!(
+            "-c listen_addresses='' -c unix_socket_directories='{}' -p {} \
+             -c fsync=off -c full_page_writes=off -c max_connections=200",
+            self.dir.display(),
+            self.port
+        );
+        let log = self.dir.join("server.log");
+        self.run(
+            "pg_ctl",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-l".as_ref(),
+                log.as_os_str(),
+                "-o".as_ref(),
+                options.as_ref(),
+                "-w".as_ref(),
+                "-t".as_ref(),
+                "60".as_ref(),
+                "start".as_ref(),
+            ],
+        )
     }
 
     fn data_dir(&self) -> PathBuf {

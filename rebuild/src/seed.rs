@@ -61,7 +61,13 @@ pub async fn from_snapshot(
         .start()
         .await
         .map_err(db("starting the snapshot transaction"))?;
-    // The first statement fixes the transaction's snapshot; now() is when it began.
+    // The seed's commit waits for the WAL, though the rebuild's sessions do not: a crash of
+    // PostgreSQL must not undo it under a process that goes on to tail from its offsets (the
+    // tail places an offset row at the log's start for every partition that has none).
+    tx.batch_execute("SET LOCAL synchronous_commit = on")
+        .await
+        .map_err(db("starting the snapshot transaction"))?;
+    // The first query fixes the transaction's snapshot; now() is when it began.
     let taken_at: chrono::DateTime<chrono::Utc> = tx
         .query_one("SELECT now()", &[])
         .await

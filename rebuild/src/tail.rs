@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use projector_engine::kafka::running::{self, Session};
-use projector_engine::kafka::source::{run_view, KafkaConfig, NoObserver, SourceError};
+use projector_engine::kafka::source::{run_view, KafkaConfig, Observer, SourceError};
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -164,6 +164,35 @@ impl Restart {
     }
 }
 
+/// The offsets the tail's commits reached as PostgreSQL acknowledged them, per partition.
+///
+/// A rebuild commits with `synchronous_commit = off`: a crash of PostgreSQL may undo commits
+/// it had acknowledged. The rows, inbox rows and offsets of each such batch go together, so
+/// the result stays exact, but the tail's Kafka client has read past them, and a client at the
+/// end of a quiet log would wait for a next message before its fencing finds the stored offset
+/// behind it (a cutover waiting for the lag in vain meanwhile). So every tick compares: a
+/// stored offset below one acknowledged means commits were lost, and the tail starts again
+/// from the offsets PostgreSQL kept. Read before the offsets are: whatever was acknowledged
+/// then is visible to the tick's query unless it was lost.
+#[derive(Debug, Default)]
+struct Acknowledged(std::sync::Mutex<std::collections::HashMap<i32, i64>>);
+
+impl Acknowledged {
+    fn offsets(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<i32, i64>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Observer for Acknowledged {
+    fn committed(&self, _consumer: &str, partition: i32, next_offset: i64) {
+        let mut offsets = self.offsets();
+        let reached = offsets.entry(partition).or_insert(next_offset);
+        *reached = (*reached).max(next_offset);
+    }
+}
+
 /// The version a tail builds, and the session that holds its running lock ([`running`]).
 pub(crate) struct Held<'a> {
     pub code: &'a Arc<dyn Projection>,
@@ -236,6 +265,7 @@ pub(crate) async fn run(
     let log = Arc::new(std::sync::Mutex::new(log));
 
     let mut consuming: Option<Consuming> = None;
+    let acknowledged = Arc::new(Acknowledged::default());
     // A tail that stopped with an error (it could not start: a table locked past the
     // statement timeout, PostgreSQL away) starts again after a backoff, never gives up.
     let mut restart = Restart::new();
@@ -243,7 +273,7 @@ pub(crate) async fn run(
     // The log as it stood when the tail started: all of it is consumed before an automatic
     // cutover, so a small topic is never cut over with its whole backlog under the lag
     // threshold and unapplied.
-    let backlog: Vec<(i32, i64)> = {
+    let extents: Vec<Extent> = {
         let log = Arc::clone(&log);
         tokio::task::spawn_blocking(move || match log.lock() {
             Ok(l) => l.extents(),
@@ -251,10 +281,9 @@ pub(crate) async fn run(
         })
         .await
         .map_err(|e| RebuildError::Tail(e.to_string()))??
-        .into_iter()
-        .map(|e| (e.partition, e.high))
-        .collect()
     };
+    let backlog: Vec<(i32, i64)> = extents.iter().map(|e| (e.partition, e.high)).collect();
+    place(pool, &consumer, &kafka.topic, &extents).await?;
     // Every error of a tick ends the loop through the same door as an outcome, so that the
     // tail is stopped (its batches committed or rolled back) before the rebuild returns and
     // lets go of its running lock; a tail left running would write after a drop.
@@ -295,7 +324,31 @@ pub(crate) async fn run(
                 progress.message(&format!("{name} v{version} is live now"));
                 return Ok(Some(Outcome::Stopped { version }));
             }
+            let acked = acknowledged.offsets().clone();
             let (status, overtaken) = measure(pool, &log, &consumer, row.paused, &mut last).await?;
+            let lost: Vec<String> = status
+                .partitions
+                .iter()
+                .filter_map(|p| {
+                    let acked = *acked.get(&p.partition)?;
+                    (acked > p.next_offset).then(|| {
+                        format!("partition {} at {} of {acked}", p.partition, p.next_offset)
+                    })
+                })
+                .collect();
+            if !lost.is_empty() {
+                // Only a tail that is stopped forgets what it read: the next one is assigned
+                // at the offsets PostgreSQL kept, at once (no backoff: nothing failed here).
+                if let Some(c) = consuming.take() {
+                    c.stop_logged(&consumer).await;
+                }
+                acknowledged.offsets().clear();
+                tracing::warn!(%consumer, lost = %lost.join(", "), "PostgreSQL lost commits it had acknowledged (a crash, with the rebuild's synchronous_commit = off); the tail starts again from what it kept");
+                progress.message(&format!(
+                    "PostgreSQL lost the last commits of {consumer} ({}); reading them again",
+                    lost.join(", ")
+                ));
+            }
             if !options.allow_gaps && !overtaken.is_empty() {
                 return Err(RebuildError::Overtaken {
                     detail: overtaken
@@ -325,7 +378,7 @@ pub(crate) async fn run(
                         applier.clone(),
                         pool.clone(),
                         config.clone(),
-                        Arc::new(NoObserver),
+                        acknowledged.clone(),
                         token.clone(),
                     ));
                     consuming = Some(Consuming { token, task });
@@ -397,6 +450,48 @@ pub(crate) async fn run(
         c.stop_logged(&consumer).await;
     }
     result
+}
+
+/// Gives every partition of the log an offset row, at the log's start, where the version has
+/// none yet, in a commit that waits for the WAL (`synchronous_commit = on` for it alone).
+///
+/// Why: the rebuild's batches commit with `synchronous_commit = off`, and the first batch of a
+/// partition creates its offset row at the batch's start (`LOCK_OFFSET`). A crash of PostgreSQL
+/// that undid every commit of a partition would take the row with it, and a tail that rode
+/// the crash out, its Kafka client already past the lost batches, would create the row afresh
+/// at its next batch's start: the lost messages skipped for good, their accounts parked. With
+/// the row made durable before any batch, a crash can only take it back to an earlier offset,
+/// which the next batch's fencing finds (`Fenced`, and the tail reads again from there). A
+/// partition added to the topic while the rebuild runs gets its row from its first batch, as
+/// before; the seed of a snapshot writes every row in its own commit, which waits too.
+async fn place(
+    pool: &Pool,
+    consumer: &str,
+    topic: &str,
+    extents: &[Extent],
+) -> Result<(), RebuildError> {
+    let (partitions, lows): (Vec<i32>, Vec<i64>) =
+        extents.iter().map(|e| (e.partition, e.low)).unzip();
+    let mut client = pool
+        .get()
+        .await
+        .map_err(|e| RebuildError::Connect(e.to_string()))?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(db("placing the tail's offsets"))?;
+    tx.batch_execute("SET LOCAL synchronous_commit = on")
+        .await
+        .map_err(db("placing the tail's offsets"))?;
+    tx.execute(
+        "INSERT INTO projector.offsets (consumer, topic, partition, next_offset) \
+         SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS x(p, o) \
+         ON CONFLICT (consumer, topic, partition) DO NOTHING",
+        &[&consumer, &topic, &partitions, &lows],
+    )
+    .await
+    .map_err(db("placing the tail's offsets"))?;
+    tx.commit().await.map_err(db("placing the tail's offsets"))
 }
 
 /// A partition whose log now starts past where the rebuild is: retention dropped messages

@@ -46,6 +46,7 @@ mod portfolio_fold;
 mod read_your_writes;
 mod read_your_writes_review;
 mod rebuild;
+mod rebuild_crash;
 mod rebuild_notices;
 mod rebuild_tail_blocked;
 mod review_borrowed_passes;

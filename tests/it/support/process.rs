@@ -108,6 +108,15 @@ impl Projector {
         let _ = self.child.wait();
     }
 
+    /// The exit status when the process has exited, without waiting.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        let status = self.child.try_wait().expect("try_wait");
+        if status.is_some() {
+            self.drain();
+        }
+        status
+    }
+
     /// Sends a signal by name (`TERM`, `INT`, `STOP`, `CONT`).
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill")
