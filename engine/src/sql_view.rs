@@ -1176,6 +1176,115 @@ SELECT * FROM cash_by_day_v{v};\n";
     }
 
     #[test]
+    fn a_statement_naming_a_table_at_a_fixed_version_is_refused() {
+        // Written for v1, `cash_by_day_v1` works; rebuilt into v2 (the same files at
+        // another version) it would write into, or read from, the live v1's table.
+        let e = error(&GOOD.replace(
+            "INSERT INTO cash_by_day_v{v} AS c",
+            "INSERT INTO cash_by_day_v1 AS c",
+        ));
+        assert!(
+            e.starts_with("views/cash_by_day.sql:12: write: \"cash_by_day_v1\" is the table cash_by_day_v{v} at a fixed version"),
+            "{e}"
+        );
+        let e = error(&GOOD.replace(
+            "SELECT * FROM cash_by_day_v{v};",
+            "SELECT * FROM public.cash_by_day_v1;",
+        ));
+        assert!(e.starts_with("views/cash_by_day.sql:17: read: "), "{e}");
+        // Another table whose name merely starts alike is not it.
+        parse_one(&GOOD.replace(
+            "SELECT * FROM cash_by_day_v{v};",
+            "SELECT * FROM cash_by_day_v{v} JOIN cash_by_day_v1_notes USING (account_id);",
+        ))
+        .expect("another table");
+    }
+
+    #[test]
+    fn every_table_the_ddl_creates_is_the_views_and_carries_the_version() {
+        // An unlogged table is a table: without `{v}` two versions share it, and with it,
+        // it is dropped with the version (retire --drop, rebuild --cancel).
+        let two = GOOD.replace(
+            "-- name: write",
+            "CREATE UNLOGGED TABLE IF NOT EXISTS cash_by_day_seen (account_id bigint);\n-- name: write",
+        );
+        let e = error(&two);
+        assert!(
+            e.starts_with("views/cash_by_day.sql:11: table \"cash_by_day_seen\" has no `{v}`"),
+            "{e}"
+        );
+        let v =
+            parse_one(&two.replace("cash_by_day_seen", "cash_by_day_seen_v{v}")).expect("parses");
+        assert_eq!(
+            v.tables(),
+            vec![
+                "cash_by_day_v{v}".to_owned(),
+                "cash_by_day_seen_v{v}".to_owned()
+            ]
+        );
+        // A named index, a sequence, a function: one name for every version, so v2's
+        // `IF NOT EXISTS` skips it, or its `OR REPLACE` changes v1's under it.
+        for (ddl, line) in [
+            ("CREATE INDEX IF NOT EXISTS cash_by_day_day ON cash_by_day_v{v} (day);", 11),
+            ("CREATE UNIQUE INDEX cash_by_day_day ON cash_by_day_v{v} (day);", 11),
+            ("CREATE SEQUENCE IF NOT EXISTS cash_by_day_ids;", 11),
+            (
+                "CREATE OR REPLACE FUNCTION cash_by_day_f(x numeric) RETURNS numeric\nLANGUAGE sql AS 'SELECT x';",
+                11,
+            ),
+        ] {
+            let e = error(&GOOD.replace("-- name: write", &format!("{ddl}\n-- name: write")));
+            assert!(
+                e.starts_with(&format!("views/cash_by_day.sql:{line}: ")) && e.contains("has no `{v}` in its name"),
+                "{ddl}: {e}"
+            );
+        }
+        // An index without a name is made again, under a new name, at every start.
+        let e = error(&GOOD.replace(
+            "-- name: write",
+            "CREATE INDEX ON cash_by_day_v{v} (day);\n-- name: write",
+        ));
+        assert!(
+            e.starts_with("views/cash_by_day.sql:11: an index without a name"),
+            "{e}"
+        );
+        parse_one(&GOOD.replace(
+            "-- name: write",
+            "CREATE INDEX IF NOT EXISTS cash_by_day_v{v}_day ON cash_by_day_v{v} (day);\n-- name: write",
+        ))
+        .expect("an index named with the version");
+    }
+
+    #[test]
+    fn a_version_filter_that_never_reads_seq_is_refused() {
+        // Without the inbox, a redelivered event is skipped only by the statement's own
+        // filter on the seq it stored: a statement that never reads seq applies it twice.
+        let e = error(&GOOD.replace("-- dedup: inbox", "-- dedup: version_filter"));
+        assert!(
+            e.starts_with(
+                "views/cash_by_day.sql:6: dedup version_filter: the statement never reads seq"
+            ),
+            "{e}"
+        );
+        let filtered = GOOD
+            .replace("-- dedup: inbox", "-- dedup: version_filter")
+            .replace("-- order_independent: true\n", "")
+            .replace(
+                "total numeric, PRIMARY KEY",
+                "total numeric, version bigint, PRIMARY KEY",
+            )
+            .replace(
+                "SELECT account_id, (occurred_at AT TIME ZONE 'UTC')::date, ev.reason, sum(ev.amount) FROM ev GROUP BY 1, 2, 3",
+                "SELECT account_id, (occurred_at AT TIME ZONE 'UTC')::date, ev.reason, ev.amount, ev.seq FROM ev",
+            )
+            .replace(
+                "SET total = c.total + EXCLUDED.total",
+                "SET total = c.total + EXCLUDED.total, version = EXCLUDED.version WHERE c.version < EXCLUDED.version",
+            );
+        parse_one(&filtered).expect("a statement that filters on seq");
+    }
+
+    #[test]
     fn ev_columns_skip_strings_and_other_aliases() {
         assert_eq!(
             ev_columns("SELECT ev.a, prev.b, 'ev.c', ev.d"),
