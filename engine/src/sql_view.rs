@@ -641,6 +641,26 @@ pub fn parse(texts: &[(String, String)], upcasters: &[Upcaster]) -> Result<SqlVi
             ))
         }
     };
+    if dedup == DedupMode::VersionFilter {
+        // The identifier `seq` anywhere in the statement, outside comments.
+        let reads_seq = ["ctes", "write"].iter().any(|s| {
+            sections.get(s).is_some_and(|(body, _)| {
+                body.lines().any(|l| {
+                    l.split("--")
+                        .next()
+                        .unwrap_or("")
+                        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .any(|w| w.eq_ignore_ascii_case("seq"))
+                })
+            })
+        });
+        if !reads_seq {
+            return Err(at(
+                o,
+                "dedup version_filter: the statement never reads seq, so it cannot tell an event it applied from a new one (without the inbox, a redelivered event is applied twice); store ev.seq in a version column and write only `WHERE <table>.version < EXCLUDED.version`, or use `dedup: inbox`".to_owned(),
+            ));
+        }
+    }
     let flag = |key: &str| -> Result<bool, SqlViewError> {
         match header.get(key) {
             None => Ok(false),
@@ -728,7 +748,30 @@ pub fn parse(texts: &[(String, String)], upcasters: &[Upcaster]) -> Result<SqlVi
         }
     }
 
-    let tables = tables_of(&ddl);
+    let created = created_by(&ddl);
+    for c in &created {
+        let line = ddl_o.line + c.line;
+        let problem = match &c.name {
+            None => Some("an index without a name is made again, under another name, each time the ddl runs (at every start); name it, with IF NOT EXISTS and `{v}`: `CREATE INDEX IF NOT EXISTS <table>_<column>_v{v} ON ...`".to_owned()),
+            Some(n) if c.kind != "table" && !n.contains("{v}") => Some(format!(
+                "{} {n:?} has no `{{v}}` in its name, so every version would share it (and one version's ddl would skip or replace another's); name it {n}_v{{v}}",
+                c.kind
+            )),
+            _ => None,
+        };
+        if let Some(message) = problem {
+            return Err(SqlViewError::At {
+                file: ddl_o.file.clone(),
+                line,
+                message,
+            });
+        }
+    }
+    let tables: Vec<(String, usize)> = created
+        .into_iter()
+        .filter(|c| c.kind == "table")
+        .filter_map(|c| c.name.map(|n| (n, c.line)))
+        .collect();
     if tables.is_empty() {
         return Err(at(
             &ddl_o,
@@ -744,6 +787,24 @@ pub fn parse(texts: &[(String, String)], upcasters: &[Upcaster]) -> Result<SqlVi
                 line: ddl_o.line + offset,
                 message: format!("table {t:?} has no `{{v}}` in its name, so two versions would share it; name it {t}_v{{v}}"),
             });
+        }
+    }
+
+    // A table of the view named at a fixed version (`cash_by_day_v1` for `cash_by_day_v{v}`):
+    // right at that version, and at any other (a rebuild of the same files into v2) a write
+    // into, or a read of, the other version's rows.
+    for (s, (body, o)) in &sections {
+        for (offset, line) in body.lines().enumerate() {
+            let code = line.split("--").next().unwrap_or("");
+            for (t, _) in &tables {
+                if let Some(found) = fixed_version_of(code, t) {
+                    return Err(SqlViewError::At {
+                        file: o.file.clone(),
+                        line: o.line + offset,
+                        message: format!("{s}: {found:?} is the table {t} at a fixed version, so the view at any other version (a rebuild into a new one) would use that version's rows; write {t}"),
+                    });
+                }
+            }
         }
     }
 
@@ -808,8 +869,37 @@ fn file_name(path: &str) -> &str {
     path.rsplit(['/', '\\']).next().unwrap_or(path)
 }
 
-/// The tables `CREATE TABLE [IF NOT EXISTS] <name>` creates, with the line offset of each.
-fn tables_of(ddl: &str) -> Vec<(String, usize)> {
+/// An object the DDL creates: its kind (`table`, `index`, `sequence`, `view`, `function`,
+/// `procedure`, `type`), its name (`None`: an index without one) and its line offset.
+struct Created {
+    kind: &'static str,
+    name: Option<String>,
+    line: usize,
+}
+
+/// The objects `CREATE [OR REPLACE] [UNIQUE | UNLOGGED | TEMP | ...] <kind> [CONCURRENTLY]
+/// [IF NOT EXISTS] <name>` statements of `ddl` create, outside comments.
+fn created_by(ddl: &str) -> Vec<Created> {
+    const KINDS: [&str; 7] = [
+        "table",
+        "index",
+        "sequence",
+        "view",
+        "function",
+        "procedure",
+        "type",
+    ];
+    const MODIFIERS: [&str; 9] = [
+        "or",
+        "replace",
+        "unique",
+        "unlogged",
+        "temp",
+        "temporary",
+        "global",
+        "local",
+        "materialized",
+    ];
     let mut out = Vec::new();
     let words: Vec<(usize, &str)> = ddl
         .lines()
@@ -822,29 +912,83 @@ fn tables_of(ddl: &str) -> Vec<(String, usize)> {
                 .map(move |w| (i, w))
         })
         .collect();
+    let is = |j: usize, w: &str| words.get(j).is_some_and(|(_, x)| x.eq_ignore_ascii_case(w));
     let mut i = 0;
-    while i + 2 < words.len() {
-        if words[i].1.eq_ignore_ascii_case("create") && words[i + 1].1.eq_ignore_ascii_case("table")
-        {
-            let mut j = i + 2;
-            if words.len() > j + 3
-                && words[j].1.eq_ignore_ascii_case("if")
-                && words[j + 1].1.eq_ignore_ascii_case("not")
-                && words[j + 2].1.eq_ignore_ascii_case("exists")
-            {
-                j += 3;
-            }
-            if let Some((line, w)) = words.get(j) {
-                let name = w.split('(').next().unwrap_or(w).trim_matches('"');
-                if !name.is_empty() {
-                    out.push((name.to_owned(), *line));
-                }
-            }
-            i = j;
+    while i < words.len() {
+        if !is(i, "create") {
+            i += 1;
+            continue;
         }
-        i += 1;
+        let mut j = i + 1;
+        while MODIFIERS.iter().any(|m| is(j, m)) {
+            j += 1;
+        }
+        let Some(kind) = KINDS.iter().find(|k| is(j, k)) else {
+            i = j;
+            continue;
+        };
+        j += 1;
+        if *kind == "index" && is(j, "concurrently") {
+            j += 1;
+        }
+        if is(j, "if") && is(j + 1, "not") && is(j + 2, "exists") {
+            j += 3;
+        }
+        let Some((line, w)) = words.get(j) else {
+            break;
+        };
+        let name = w.split('(').next().unwrap_or(w).trim_matches('"');
+        if *kind == "index" && (name.is_empty() || w.eq_ignore_ascii_case("on")) {
+            out.push(Created {
+                kind,
+                name: None,
+                line: *line,
+            });
+        } else if !name.is_empty() {
+            out.push(Created {
+                kind,
+                name: Some(name.to_owned()),
+                line: *line,
+            });
+        }
+        i = j + 1;
     }
     out
+}
+
+/// The first name in `code` (one line of SQL) that is `table` (a name with `{v}`) with a
+/// version number in place of `{v}`.
+fn fixed_version_of(code: &str, table: &str) -> Option<String> {
+    let (pre, post) = table.split_once("{v}")?;
+    let pre = pre.rsplit('.').next().unwrap_or(pre).to_ascii_lowercase();
+    let lower = code.to_ascii_lowercase();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let bytes = lower.as_bytes();
+    let mut from = 0;
+    while let Some(k) = lower[from..].find(&pre) {
+        let start = from + k;
+        from = start + 1;
+        if pre.is_empty() || (start > 0 && ident(bytes[start - 1])) {
+            continue;
+        }
+        let digits = lower[start + pre.len()..]
+            .bytes()
+            .take_while(u8::is_ascii_digit)
+            .count();
+        if digits == 0 {
+            continue;
+        }
+        let end = start + pre.len() + digits;
+        if !lower[end..].starts_with(&post.to_ascii_lowercase()) {
+            continue;
+        }
+        let end = end + post.len();
+        if bytes.get(end).is_some_and(|c| ident(*c)) {
+            continue;
+        }
+        return Some(code[start..end].to_owned());
+    }
+    None
 }
 
 /// The column names read as `ev.<name>` in one line of SQL (outside string literals).
@@ -944,6 +1088,54 @@ pub async fn check(
             }
         }
     }
+    // A live version with no files of its own, served by older files at its version (a
+    // rebuild of unchanged files into it): those files are its code, and an edit of them is
+    // an edit of the live version's code. (A version with newer files beside it is the way to
+    // a new version: rebuilding needs them loaded, so they are not refused here.)
+    let mut names: Vec<&str> = views.iter().map(|v| v.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        let Some(newest) = views
+            .iter()
+            .filter(|v| v.name == name)
+            .max_by_key(|v| v.version)
+        else {
+            continue;
+        };
+        let live = client
+            .query_opt(
+                "SELECT version, fingerprint FROM projector.views \
+                 WHERE name = $1 AND state = 'live' AND dropped_at IS NULL",
+                &[&name],
+            )
+            .await
+            .map_err(|e| SqlViewError::Database(e.to_string()))?;
+        let Some(row) = live else {
+            continue;
+        };
+        let version: i32 = row.get(0);
+        let recorded: Option<String> = row.get(1);
+        if version <= newest.version {
+            continue;
+        }
+        let code = newest.with_version(version);
+        if let Some(recorded) = recorded {
+            if crate::fingerprint::judge(&code, Some(&recorded)).is_err() {
+                let ours = crate::fingerprint::of(&code);
+                return Err(newest.at(
+                    &newest.version_line,
+                    0,
+                    format!(
+                        "{name} v{version} is live with no files of its own, so these files (v{}) are its code, but they are not the files that registered it (fingerprint {recorded}; these files' at v{version} is {ours}): they changed since, or v{version} was built from other files. Restore the files that registered it (a file with `-- version: {version}`), or give the changed files version {} and `projector rebuild {name} --to-version {}`",
+                        newest.version,
+                        version + 1,
+                        version + 1
+                    ),
+                ));
+            }
+        }
+    }
     for view in views {
         let tx = client
             .transaction()
@@ -965,6 +1157,23 @@ async fn prepare(
     let ddl = render(view, &view.ddl);
     if let Err(e) = tx.batch_execute(&ddl).await {
         return Err(located(view, &e, &[("ddl", render(view, &view.ddl))], &ddl));
+    }
+    // The DDL runs at every start (migrate, run): it must run again over what it made.
+    if let Err(e) = tx.batch_execute(&ddl).await {
+        return Err(
+            match located(view, &e, &[("ddl", render(view, &view.ddl))], &ddl) {
+                SqlViewError::At {
+                    file,
+                    line,
+                    message,
+                } => SqlViewError::At {
+                    file,
+                    line,
+                    message: format!("{message}, when the ddl runs a second time (it runs at every start); make it idempotent: CREATE TABLE IF NOT EXISTS, CREATE INDEX IF NOT EXISTS"),
+                },
+                other => other,
+            },
+        );
     }
     let statement = crate::apply::compose_statement(view);
     if let Err(e) = tx.prepare(&statement).await {

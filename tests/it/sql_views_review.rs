@@ -100,7 +100,7 @@ fn edited_files_that_serve_the_live_version_at_another_version_are_refused_at_st
             .await
             .expect("cut over, v1 dropped");
 
-        sql_view::check(&mut client, &[v1.clone()])
+        sql_view::check(&mut client, std::slice::from_ref(&v1))
             .await
             .expect("the files that registered v2 serve it");
 
