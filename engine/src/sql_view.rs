@@ -1494,6 +1494,36 @@ SELECT * FROM cash_by_day_v{v};\n";
     }
 
     #[test]
+    fn a_ddl_that_changes_rows_at_every_start_is_refused() {
+        // The DDL runs at every start: a DROP or TRUNCATE there runs twice without failing
+        // and empties the live version's tables each time; an INSERT adds its rows again.
+        for (statement, verb) in [
+            ("DROP TABLE IF EXISTS cash_by_day_v{v};", "DROP"),
+            ("truncate cash_by_day_v{v};", "TRUNCATE"),
+            (
+                "INSERT INTO cash_by_day_v{v} VALUES (0, '2026-01-01', '', 0);",
+                "INSERT",
+            ),
+            ("DELETE FROM cash_by_day_v{v};", "DELETE"),
+            ("UPDATE cash_by_day_v{v} SET total = 0;", "UPDATE"),
+        ] {
+            let e = error(&GOOD.replace("-- name: write", &format!("{statement}\n-- name: write")));
+            assert!(
+                e.starts_with(&format!(
+                    "views/cash_by_day.sql:11: ddl: {verb} runs at every start"
+                )),
+                "{statement}: {e}"
+            );
+        }
+        // The words inside a string or a function's body are not statements of the DDL.
+        parse_one(&GOOD.replace(
+            "-- name: write",
+            "COMMENT ON TABLE cash_by_day_v{v} IS 'rows; delete nothing';\nCREATE OR REPLACE FUNCTION cash_by_day_f_v{v}() RETURNS void LANGUAGE sql AS $$ SELECT 1; DELETE FROM cash_by_day_v{v} WHERE false $$;\n-- name: write",
+        ))
+        .expect("a comment and a function body");
+    }
+
+    #[test]
     fn ev_columns_skip_strings_and_other_aliases() {
         assert_eq!(
             ev_columns("SELECT ev.a, prev.b, 'ev.c', ev.d"),
