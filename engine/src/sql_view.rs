@@ -748,6 +748,13 @@ pub fn parse(texts: &[(String, String)], upcasters: &[Upcaster]) -> Result<SqlVi
         }
     }
 
+    if let Some((verb, offset)) = row_changes_in(&ddl) {
+        return Err(SqlViewError::At {
+            file: ddl_o.file.clone(),
+            line: ddl_o.line + offset,
+            message: format!("ddl: {verb} runs at every start (the ddl runs each time migrate or run starts), so it would change the live version's rows each time; the ddl only creates (CREATE ... IF NOT EXISTS), and rows come from events"),
+        });
+    }
     let created = created_by(&ddl);
     for c in &created {
         let line = ddl_o.line + c.line;
@@ -954,6 +961,70 @@ fn created_by(ddl: &str) -> Vec<Created> {
         i = j + 1;
     }
     out
+}
+
+/// The first statement of `ddl` that changes rows or drops (`DROP`, `TRUNCATE`, `DELETE`,
+/// `INSERT`, `UPDATE`, `MERGE`), with its line offset: statements start at the beginning and
+/// after each `;` outside comments, strings and dollar-quoted bodies.
+fn row_changes_in(ddl: &str) -> Option<(String, usize)> {
+    const VERBS: [&str; 6] = ["drop", "truncate", "delete", "insert", "update", "merge"];
+    let mut at_start = true;
+    let mut quote: Option<String> = None;
+    for (offset, line) in ddl.lines().enumerate() {
+        let mut rest = line;
+        loop {
+            if let Some(q) = &quote {
+                match rest.find(q.as_str()) {
+                    Some(k) => {
+                        rest = &rest[k + q.len()..];
+                        quote = None;
+                    }
+                    None => break,
+                }
+                continue;
+            }
+            let trimmed = rest.trim_start();
+            if trimmed.is_empty() || trimmed.starts_with("--") {
+                break;
+            }
+            if at_start {
+                let word: String = trimmed
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphabetic())
+                    .collect();
+                if VERBS.iter().any(|v| word.eq_ignore_ascii_case(v)) {
+                    return Some((word.to_ascii_uppercase(), offset));
+                }
+                at_start = false;
+            }
+            // To the next `;`, quote or comment.
+            let Some(k) = trimmed.find([';', '\'', '$', '-']) else {
+                break;
+            };
+            let c = trimmed.as_bytes()[k];
+            rest = &trimmed[k + 1..];
+            match c {
+                b';' => at_start = true,
+                b'\'' => quote = Some("'".to_owned()),
+                b'$' => {
+                    // `$tag$ ... $tag$` (a `$1` parameter has no closing `$`).
+                    if let Some(end) = rest.find('$') {
+                        let tag = &rest[..end];
+                        if tag.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                            quote = Some(format!("${tag}$"));
+                            rest = &rest[end + 1..];
+                        }
+                    }
+                }
+                _ => {
+                    if rest.starts_with('-') {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    None
 }
 
 /// The first name in `code` (one line of SQL) that is `table` (a name with `{v}`) with a
