@@ -146,3 +146,69 @@ fn a_version_being_built_by_other_files_leaves_the_older_files_running() {
             .expect("v1's files still run v1");
     });
 }
+
+#[test]
+fn the_refusal_of_edited_files_names_a_version_no_one_has_taken() {
+    // v1 live from the file, v2 being built from the same files: the way forward for an
+    // edit of the v1 file is version 3, not the v2 that exists.
+    let rt = runtime();
+    rt.block_on(async {
+        let db = TestDb::new(&Registry::new()).await;
+        let mut client = db.client().await;
+        let good = example("cash_by_day.sql");
+        let v1 = parse(&good);
+        let mut registry = Registry::new();
+        registry.add(Arc::new(v1.clone())).expect("v1");
+        projector_engine::migrate(&mut client, &registry)
+            .await
+            .expect("v1 registered");
+        let mut registry = Registry::new();
+        registry.add(Arc::new(v1.with_version(2))).expect("v2");
+        projector_engine::migrate(&mut client, &registry)
+            .await
+            .expect("v2 registered");
+        let edited = parse(&good.replace("-- Cash movements", "-- Cash moves"));
+        let e = sql_view::check(&mut client, &[edited])
+            .await
+            .expect_err("refused at start")
+            .to_string();
+        assert!(
+            e.contains("cash_by_day v1 was registered by other files")
+                && e.contains("`-- version: 3`")
+                && e.contains("--to-version 3"),
+            "{e}"
+        );
+    });
+}
+
+#[test]
+fn a_mistake_in_ctes_that_end_in_a_comma_is_found_at_its_line() {
+    let rt = runtime();
+    rt.block_on(async {
+        let db = TestDb::new(&Registry::new()).await;
+        let mut client = db.client().await;
+        let good = example("cash_by_day.sql");
+        let bad = good
+            .replace(
+                "           sum(ev.amount) AS amount\n",
+                "           abss(sum(ev.amount)) AS amount\n",
+            )
+            .replace("    GROUP BY 1, 2, 3\n)\n", "    GROUP BY 1, 2, 3\n),\n");
+        assert_ne!(bad, good);
+        let line = bad
+            .lines()
+            .position(|l| l.contains("abss("))
+            .expect("the mistake")
+            + 1;
+        let e = sql_view::check(&mut client, &[parse(&bad)])
+            .await
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            e.starts_with(&format!(
+                "views/cash_by_day.sql:{line}: ctes: function abss"
+            )),
+            "{e}"
+        );
+    });
+}
