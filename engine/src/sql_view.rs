@@ -1142,17 +1142,16 @@ pub async fn check(
             if let (Some(recorded), false) = (recorded, dropped) {
                 if crate::fingerprint::judge(view, Some(&recorded)).is_err() {
                     let ours = crate::fingerprint::of(view);
+                    let next = next_version(client, views, &view.name).await?;
                     return Err(view.at(
                         &view.version_line,
                         0,
                         format!(
-                            "{} v{} was registered by other files (fingerprint {recorded}; these files' is {ours}): its files changed since. Restore them, or give the changed files a new version (`-- version: {}`, the v{} files kept beside them until the cutover) and `projector rebuild {} --to-version {}`",
+                            "{} v{} was registered by other files (fingerprint {recorded}; these files' is {ours}): its files changed since. Restore them, or give the changed files a new version (`-- version: {next}`, the v{} files kept beside them until the cutover) and `projector rebuild {} --to-version {next}`",
                             view.name,
                             view.version,
-                            view.version + 1,
                             view.version,
                             view.name,
-                            view.version + 1
                         ),
                     ));
                 }
@@ -1194,14 +1193,13 @@ pub async fn check(
         if let Some(recorded) = recorded {
             if crate::fingerprint::judge(&code, Some(&recorded)).is_err() {
                 let ours = crate::fingerprint::of(&code);
+                let next = next_version(client, views, name).await?;
                 return Err(newest.at(
                     &newest.version_line,
                     0,
                     format!(
-                        "{name} v{version} is live with no files of its own, so these files (v{}) are its code, but they are not the files that registered it (fingerprint {recorded}; these files' at v{version} is {ours}): they changed since, or v{version} was built from other files. Restore the files that registered it (a file with `-- version: {version}`), or give the changed files version {} and `projector rebuild {name} --to-version {}`",
+                        "{name} v{version} is live with no files of its own, so these files (v{}) are its code, but they are not the files that registered it (fingerprint {recorded}; these files' at v{version} is {ours}): they changed since, or v{version} was built from other files. Restore the files that registered it (a file with `-- version: {version}`), or give the changed files version {next} and `projector rebuild {name} --to-version {next}`",
                         newest.version,
-                        version + 1,
-                        version + 1
                     ),
                 ));
             }
@@ -1219,6 +1217,29 @@ pub async fn check(
         result?;
     }
     Ok(())
+}
+
+/// The version a changed view's files can take: above every version registered (dropped
+/// ones included) and every version of its files loaded.
+async fn next_version(
+    client: &deadpool_postgres::Client,
+    views: &[SqlView],
+    name: &str,
+) -> Result<i32, SqlViewError> {
+    let registered: Option<i32> = client
+        .query_one(
+            "SELECT max(version) FROM projector.views WHERE name = $1",
+            &[&name],
+        )
+        .await
+        .map_err(|e| SqlViewError::Database(e.to_string()))?
+        .get(0);
+    let loaded = views
+        .iter()
+        .filter(|v| v.name == name)
+        .map(|v| v.version)
+        .max();
+    Ok(registered.max(loaded).unwrap_or(0) + 1)
 }
 
 async fn prepare(
@@ -1250,7 +1271,8 @@ async fn prepare(
     if let Err(e) = tx.prepare(&statement).await {
         let mut parts = vec![("write", render(view, &view.write))];
         if !view.ctes.is_empty() {
-            parts.push(("ctes", render(view, &view.ctes)));
+            // As the statement holds them: without a trailing comma.
+            parts.push(("ctes", render(view, view.ctes.trim().trim_end_matches(','))));
         }
         if let Some(n) = &view.notices {
             parts.push(("notices", render(view, n)));
