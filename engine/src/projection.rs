@@ -685,4 +685,18 @@ CREATE TABLE plain_v{v} (a int)";
         );
         assert!(tables_in("CREATE INDEX i ON t (a)").is_empty());
     }
+
+    #[test]
+    fn an_unlogged_table_is_a_table_of_the_view() {
+        // Missed, it would not be dropped with its version (`retire --drop`, `rebuild
+        // --cancel`), and a rebuild into that version again would add onto its rows.
+        assert_eq!(
+            tables_in(
+                "CREATE TABLE IF NOT EXISTS a_v{v} (x int);\n\
+                 CREATE UNLOGGED TABLE IF NOT EXISTS b_v{v} (x int);\n\
+                 create unlogged table c_v{v} (x int)"
+            ),
+            ["a_v{v}", "b_v{v}", "c_v{v}"]
+        );
+    }
 }
