@@ -641,6 +641,26 @@ pub fn parse(texts: &[(String, String)], upcasters: &[Upcaster]) -> Result<SqlVi
             ))
         }
     };
+    if dedup == DedupMode::VersionFilter {
+        // The identifier `seq` anywhere in the statement, outside comments.
+        let reads_seq = ["ctes", "write"].iter().any(|s| {
+            sections.get(s).is_some_and(|(body, _)| {
+                body.lines().any(|l| {
+                    l.split("--")
+                        .next()
+                        .unwrap_or("")
+                        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .any(|w| w.eq_ignore_ascii_case("seq"))
+                })
+            })
+        });
+        if !reads_seq {
+            return Err(at(
+                o,
+                "dedup version_filter: the statement never reads seq, so it cannot tell an event it applied from a new one (without the inbox, a redelivered event is applied twice); store ev.seq in a version column and write only `WHERE <table>.version < EXCLUDED.version`, or use `dedup: inbox`".to_owned(),
+            ));
+        }
+    }
     let flag = |key: &str| -> Result<bool, SqlViewError> {
         match header.get(key) {
             None => Ok(false),
@@ -728,7 +748,37 @@ pub fn parse(texts: &[(String, String)], upcasters: &[Upcaster]) -> Result<SqlVi
         }
     }
 
-    let tables = tables_of(&ddl);
+    if let Some((verb, offset)) = row_changes_in(&ddl) {
+        return Err(SqlViewError::At {
+            file: ddl_o.file.clone(),
+            line: ddl_o.line + offset,
+            message: format!("ddl: {verb} runs at every start (the ddl runs each time migrate or run starts), so it would change the live version's rows each time; the ddl only creates (CREATE ... IF NOT EXISTS), and rows come from events"),
+        });
+    }
+    let created = created_by(&ddl);
+    for c in &created {
+        let line = ddl_o.line + c.line;
+        let problem = match &c.name {
+            None => Some("an index without a name is made again, under another name, each time the ddl runs (at every start); name it, with IF NOT EXISTS and `{v}`: `CREATE INDEX IF NOT EXISTS <table>_<column>_v{v} ON ...`".to_owned()),
+            Some(n) if c.kind != "table" && !n.contains("{v}") => Some(format!(
+                "{} {n:?} has no `{{v}}` in its name, so every version would share it (and one version's ddl would skip or replace another's); name it {n}_v{{v}}",
+                c.kind
+            )),
+            _ => None,
+        };
+        if let Some(message) = problem {
+            return Err(SqlViewError::At {
+                file: ddl_o.file.clone(),
+                line,
+                message,
+            });
+        }
+    }
+    let tables: Vec<(String, usize)> = created
+        .into_iter()
+        .filter(|c| c.kind == "table")
+        .filter_map(|c| c.name.map(|n| (n, c.line)))
+        .collect();
     if tables.is_empty() {
         return Err(at(
             &ddl_o,
@@ -744,6 +794,24 @@ pub fn parse(texts: &[(String, String)], upcasters: &[Upcaster]) -> Result<SqlVi
                 line: ddl_o.line + offset,
                 message: format!("table {t:?} has no `{{v}}` in its name, so two versions would share it; name it {t}_v{{v}}"),
             });
+        }
+    }
+
+    // A table of the view named at a fixed version (`cash_by_day_v1` for `cash_by_day_v{v}`):
+    // right at that version, and at any other (a rebuild of the same files into v2) a write
+    // into, or a read of, the other version's rows.
+    for (s, (body, o)) in &sections {
+        for (offset, line) in body.lines().enumerate() {
+            let code = line.split("--").next().unwrap_or("");
+            for (t, _) in &tables {
+                if let Some(found) = fixed_version_of(code, t) {
+                    return Err(SqlViewError::At {
+                        file: o.file.clone(),
+                        line: o.line + offset,
+                        message: format!("{s}: {found:?} is the table {t} at a fixed version, so the view at any other version (a rebuild into a new one) would use that version's rows; write {t}"),
+                    });
+                }
+            }
         }
     }
 
@@ -808,8 +876,37 @@ fn file_name(path: &str) -> &str {
     path.rsplit(['/', '\\']).next().unwrap_or(path)
 }
 
-/// The tables `CREATE TABLE [IF NOT EXISTS] <name>` creates, with the line offset of each.
-fn tables_of(ddl: &str) -> Vec<(String, usize)> {
+/// An object the DDL creates: its kind (`table`, `index`, `sequence`, `view`, `function`,
+/// `procedure`, `type`), its name (`None`: an index without one) and its line offset.
+struct Created {
+    kind: &'static str,
+    name: Option<String>,
+    line: usize,
+}
+
+/// The objects `CREATE [OR REPLACE] [UNIQUE | UNLOGGED | TEMP | ...] <kind> [CONCURRENTLY]
+/// [IF NOT EXISTS] <name>` statements of `ddl` create, outside comments.
+fn created_by(ddl: &str) -> Vec<Created> {
+    const KINDS: [&str; 7] = [
+        "table",
+        "index",
+        "sequence",
+        "view",
+        "function",
+        "procedure",
+        "type",
+    ];
+    const MODIFIERS: [&str; 9] = [
+        "or",
+        "replace",
+        "unique",
+        "unlogged",
+        "temp",
+        "temporary",
+        "global",
+        "local",
+        "materialized",
+    ];
     let mut out = Vec::new();
     let words: Vec<(usize, &str)> = ddl
         .lines()
@@ -822,29 +919,147 @@ fn tables_of(ddl: &str) -> Vec<(String, usize)> {
                 .map(move |w| (i, w))
         })
         .collect();
+    let is = |j: usize, w: &str| words.get(j).is_some_and(|(_, x)| x.eq_ignore_ascii_case(w));
     let mut i = 0;
-    while i + 2 < words.len() {
-        if words[i].1.eq_ignore_ascii_case("create") && words[i + 1].1.eq_ignore_ascii_case("table")
-        {
-            let mut j = i + 2;
-            if words.len() > j + 3
-                && words[j].1.eq_ignore_ascii_case("if")
-                && words[j + 1].1.eq_ignore_ascii_case("not")
-                && words[j + 2].1.eq_ignore_ascii_case("exists")
-            {
-                j += 3;
-            }
-            if let Some((line, w)) = words.get(j) {
-                let name = w.split('(').next().unwrap_or(w).trim_matches('"');
-                if !name.is_empty() {
-                    out.push((name.to_owned(), *line));
-                }
-            }
-            i = j;
+    while i < words.len() {
+        if !is(i, "create") {
+            i += 1;
+            continue;
         }
-        i += 1;
+        let mut j = i + 1;
+        while MODIFIERS.iter().any(|m| is(j, m)) {
+            j += 1;
+        }
+        let Some(kind) = KINDS.iter().find(|k| is(j, k)) else {
+            i = j;
+            continue;
+        };
+        j += 1;
+        if *kind == "index" && is(j, "concurrently") {
+            j += 1;
+        }
+        if is(j, "if") && is(j + 1, "not") && is(j + 2, "exists") {
+            j += 3;
+        }
+        let Some((line, w)) = words.get(j) else {
+            break;
+        };
+        let name = w.split('(').next().unwrap_or(w).trim_matches('"');
+        if *kind == "index" && (name.is_empty() || w.eq_ignore_ascii_case("on")) {
+            out.push(Created {
+                kind,
+                name: None,
+                line: *line,
+            });
+        } else if !name.is_empty() {
+            out.push(Created {
+                kind,
+                name: Some(name.to_owned()),
+                line: *line,
+            });
+        }
+        i = j + 1;
     }
     out
+}
+
+/// The first statement of `ddl` that changes rows or drops (`DROP`, `TRUNCATE`, `DELETE`,
+/// `INSERT`, `UPDATE`, `MERGE`), with its line offset: statements start at the beginning and
+/// after each `;` outside comments, strings and dollar-quoted bodies.
+fn row_changes_in(ddl: &str) -> Option<(String, usize)> {
+    const VERBS: [&str; 6] = ["drop", "truncate", "delete", "insert", "update", "merge"];
+    let mut at_start = true;
+    let mut quote: Option<String> = None;
+    for (offset, line) in ddl.lines().enumerate() {
+        let mut rest = line;
+        loop {
+            if let Some(q) = &quote {
+                match rest.find(q.as_str()) {
+                    Some(k) => {
+                        rest = &rest[k + q.len()..];
+                        quote = None;
+                    }
+                    None => break,
+                }
+                continue;
+            }
+            let trimmed = rest.trim_start();
+            if trimmed.is_empty() || trimmed.starts_with("--") {
+                break;
+            }
+            if at_start {
+                let word: String = trimmed
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphabetic())
+                    .collect();
+                if VERBS.iter().any(|v| word.eq_ignore_ascii_case(v)) {
+                    return Some((word.to_ascii_uppercase(), offset));
+                }
+                at_start = false;
+            }
+            // To the next `;`, quote or comment.
+            let Some(k) = trimmed.find([';', '\'', '$', '-']) else {
+                break;
+            };
+            let c = trimmed.as_bytes()[k];
+            rest = &trimmed[k + 1..];
+            match c {
+                b';' => at_start = true,
+                b'\'' => quote = Some("'".to_owned()),
+                b'$' => {
+                    // `$tag$ ... $tag$` (a `$1` parameter has no closing `$`).
+                    if let Some(end) = rest.find('$') {
+                        let tag = &rest[..end];
+                        if tag.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                            quote = Some(format!("${tag}$"));
+                            rest = &rest[end + 1..];
+                        }
+                    }
+                }
+                _ => {
+                    if rest.starts_with('-') {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The first name in `code` (one line of SQL) that is `table` (a name with `{v}`) with a
+/// version number in place of `{v}`.
+fn fixed_version_of(code: &str, table: &str) -> Option<String> {
+    let (pre, post) = table.split_once("{v}")?;
+    let pre = pre.rsplit('.').next().unwrap_or(pre).to_ascii_lowercase();
+    let lower = code.to_ascii_lowercase();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let bytes = lower.as_bytes();
+    let mut from = 0;
+    while let Some(k) = lower[from..].find(&pre) {
+        let start = from + k;
+        from = start + 1;
+        if pre.is_empty() || (start > 0 && ident(bytes[start - 1])) {
+            continue;
+        }
+        let digits = lower[start + pre.len()..]
+            .bytes()
+            .take_while(u8::is_ascii_digit)
+            .count();
+        if digits == 0 {
+            continue;
+        }
+        let end = start + pre.len() + digits;
+        if !lower[end..].starts_with(&post.to_ascii_lowercase()) {
+            continue;
+        }
+        let end = end + post.len();
+        if bytes.get(end).is_some_and(|c| ident(*c)) {
+            continue;
+        }
+        return Some(code[start..end].to_owned());
+    }
+    None
 }
 
 /// The column names read as `ev.<name>` in one line of SQL (outside string literals).
@@ -927,20 +1142,66 @@ pub async fn check(
             if let (Some(recorded), false) = (recorded, dropped) {
                 if crate::fingerprint::judge(view, Some(&recorded)).is_err() {
                     let ours = crate::fingerprint::of(view);
+                    let next = next_version(client, views, &view.name).await?;
                     return Err(view.at(
                         &view.version_line,
                         0,
                         format!(
-                            "{} v{} was registered by other files (fingerprint {recorded}; these files' is {ours}): its files changed since. Restore them, or give the changed files a new version (`-- version: {}`, the v{} files kept beside them until the cutover) and `projector rebuild {} --to-version {}`",
+                            "{} v{} was registered by other files (fingerprint {recorded}; these files' is {ours}): its files changed since. Restore them, or give the changed files a new version (`-- version: {next}`, the v{} files kept beside them until the cutover) and `projector rebuild {} --to-version {next}`",
                             view.name,
                             view.version,
-                            view.version + 1,
                             view.version,
                             view.name,
-                            view.version + 1
                         ),
                     ));
                 }
+            }
+        }
+    }
+    // A live version with no files of its own, served by older files at its version (a
+    // rebuild of unchanged files into it): those files are its code, and an edit of them is
+    // an edit of the live version's code. (A version with newer files beside it is the way to
+    // a new version: rebuilding needs them loaded, so they are not refused here.)
+    let mut names: Vec<&str> = views.iter().map(|v| v.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        let Some(newest) = views
+            .iter()
+            .filter(|v| v.name == name)
+            .max_by_key(|v| v.version)
+        else {
+            continue;
+        };
+        let live = client
+            .query_opt(
+                "SELECT version, fingerprint FROM projector.views \
+                 WHERE name = $1 AND state = 'live' AND dropped_at IS NULL",
+                &[&name],
+            )
+            .await
+            .map_err(|e| SqlViewError::Database(e.to_string()))?;
+        let Some(row) = live else {
+            continue;
+        };
+        let version: i32 = row.get(0);
+        let recorded: Option<String> = row.get(1);
+        if version <= newest.version {
+            continue;
+        }
+        let code = newest.with_version(version);
+        if let Some(recorded) = recorded {
+            if crate::fingerprint::judge(&code, Some(&recorded)).is_err() {
+                let ours = crate::fingerprint::of(&code);
+                let next = next_version(client, views, name).await?;
+                return Err(newest.at(
+                    &newest.version_line,
+                    0,
+                    format!(
+                        "{name} v{version} is live with no files of its own, so these files (v{}) are its code, but they are not the files that registered it (fingerprint {recorded}; these files' at v{version} is {ours}): they changed since, or v{version} was built from other files. Restore the files that registered it (a file with `-- version: {version}`), or give the changed files version {next} and `projector rebuild {name} --to-version {next}`",
+                        newest.version,
+                    ),
+                ));
             }
         }
     }
@@ -958,6 +1219,29 @@ pub async fn check(
     Ok(())
 }
 
+/// The version a changed view's files can take: above every version registered (dropped
+/// ones included) and every version of its files loaded.
+async fn next_version(
+    client: &deadpool_postgres::Client,
+    views: &[SqlView],
+    name: &str,
+) -> Result<i32, SqlViewError> {
+    let registered: Option<i32> = client
+        .query_one(
+            "SELECT max(version) FROM projector.views WHERE name = $1",
+            &[&name],
+        )
+        .await
+        .map_err(|e| SqlViewError::Database(e.to_string()))?
+        .get(0);
+    let loaded = views
+        .iter()
+        .filter(|v| v.name == name)
+        .map(|v| v.version)
+        .max();
+    Ok(registered.max(loaded).unwrap_or(0) + 1)
+}
+
 async fn prepare(
     tx: &deadpool_postgres::Transaction<'_>,
     view: &SqlView,
@@ -966,11 +1250,29 @@ async fn prepare(
     if let Err(e) = tx.batch_execute(&ddl).await {
         return Err(located(view, &e, &[("ddl", render(view, &view.ddl))], &ddl));
     }
+    // The DDL runs at every start (migrate, run): it must run again over what it made.
+    if let Err(e) = tx.batch_execute(&ddl).await {
+        return Err(
+            match located(view, &e, &[("ddl", render(view, &view.ddl))], &ddl) {
+                SqlViewError::At {
+                    file,
+                    line,
+                    message,
+                } => SqlViewError::At {
+                    file,
+                    line,
+                    message: format!("{message}, when the ddl runs a second time (it runs at every start); make it idempotent: CREATE TABLE IF NOT EXISTS, CREATE INDEX IF NOT EXISTS"),
+                },
+                other => other,
+            },
+        );
+    }
     let statement = crate::apply::compose_statement(view);
     if let Err(e) = tx.prepare(&statement).await {
         let mut parts = vec![("write", render(view, &view.write))];
         if !view.ctes.is_empty() {
-            parts.push(("ctes", render(view, &view.ctes)));
+            // As the statement holds them: without a trailing comma.
+            parts.push(("ctes", render(view, view.ctes.trim().trim_end_matches(','))));
         }
         if let Some(n) = &view.notices {
             parts.push(("notices", render(view, n)));
@@ -1173,6 +1475,145 @@ SELECT * FROM cash_by_day_v{v};\n";
             "{e}"
         );
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_statement_naming_a_table_at_a_fixed_version_is_refused() {
+        // Written for v1, `cash_by_day_v1` works; rebuilt into v2 (the same files at
+        // another version) it would write into, or read from, the live v1's table.
+        let e = error(&GOOD.replace(
+            "INSERT INTO cash_by_day_v{v} AS c",
+            "INSERT INTO cash_by_day_v1 AS c",
+        ));
+        assert!(
+            e.starts_with("views/cash_by_day.sql:12: write: \"cash_by_day_v1\" is the table cash_by_day_v{v} at a fixed version"),
+            "{e}"
+        );
+        let e = error(&GOOD.replace(
+            "SELECT * FROM cash_by_day_v{v};",
+            "SELECT * FROM public.cash_by_day_v1;",
+        ));
+        assert!(e.starts_with("views/cash_by_day.sql:17: read: "), "{e}");
+        // Another table whose name merely starts alike is not it.
+        parse_one(&GOOD.replace(
+            "SELECT * FROM cash_by_day_v{v};",
+            "SELECT * FROM cash_by_day_v{v} JOIN cash_by_day_v1_notes USING (account_id);",
+        ))
+        .expect("another table");
+    }
+
+    #[test]
+    fn every_table_the_ddl_creates_is_the_views_and_carries_the_version() {
+        // An unlogged table is a table: without `{v}` two versions share it, and with it,
+        // it is dropped with the version (retire --drop, rebuild --cancel).
+        let two = GOOD.replace(
+            "-- name: write",
+            "CREATE UNLOGGED TABLE IF NOT EXISTS cash_by_day_seen (account_id bigint);\n-- name: write",
+        );
+        let e = error(&two);
+        assert!(
+            e.starts_with("views/cash_by_day.sql:11: table \"cash_by_day_seen\" has no `{v}`"),
+            "{e}"
+        );
+        let v =
+            parse_one(&two.replace("cash_by_day_seen", "cash_by_day_seen_v{v}")).expect("parses");
+        assert_eq!(
+            v.tables(),
+            vec![
+                "cash_by_day_v{v}".to_owned(),
+                "cash_by_day_seen_v{v}".to_owned()
+            ]
+        );
+        // A named index, a sequence, a function: one name for every version, so v2's
+        // `IF NOT EXISTS` skips it, or its `OR REPLACE` changes v1's under it.
+        for (ddl, line) in [
+            ("CREATE INDEX IF NOT EXISTS cash_by_day_day ON cash_by_day_v{v} (day);", 11),
+            ("CREATE UNIQUE INDEX cash_by_day_day ON cash_by_day_v{v} (day);", 11),
+            ("CREATE SEQUENCE IF NOT EXISTS cash_by_day_ids;", 11),
+            (
+                "CREATE OR REPLACE FUNCTION cash_by_day_f(x numeric) RETURNS numeric\nLANGUAGE sql AS 'SELECT x';",
+                11,
+            ),
+        ] {
+            let e = error(&GOOD.replace("-- name: write", &format!("{ddl}\n-- name: write")));
+            assert!(
+                e.starts_with(&format!("views/cash_by_day.sql:{line}: ")) && e.contains("has no `{v}` in its name"),
+                "{ddl}: {e}"
+            );
+        }
+        // An index without a name is made again, under a new name, at every start.
+        let e = error(&GOOD.replace(
+            "-- name: write",
+            "CREATE INDEX ON cash_by_day_v{v} (day);\n-- name: write",
+        ));
+        assert!(
+            e.starts_with("views/cash_by_day.sql:11: an index without a name"),
+            "{e}"
+        );
+        parse_one(&GOOD.replace(
+            "-- name: write",
+            "CREATE INDEX IF NOT EXISTS cash_by_day_v{v}_day ON cash_by_day_v{v} (day);\n-- name: write",
+        ))
+        .expect("an index named with the version");
+    }
+
+    #[test]
+    fn a_version_filter_that_never_reads_seq_is_refused() {
+        // Without the inbox, a redelivered event is skipped only by the statement's own
+        // filter on the seq it stored: a statement that never reads seq applies it twice.
+        let e = error(&GOOD.replace("-- dedup: inbox", "-- dedup: version_filter"));
+        assert!(
+            e.starts_with(
+                "views/cash_by_day.sql:6: dedup version_filter: the statement never reads seq"
+            ),
+            "{e}"
+        );
+        let filtered = GOOD
+            .replace("-- dedup: inbox", "-- dedup: version_filter")
+            .replace("-- order_independent: true\n", "")
+            .replace(
+                "total numeric, PRIMARY KEY",
+                "total numeric, version bigint, PRIMARY KEY",
+            )
+            .replace(
+                "SELECT account_id, (occurred_at AT TIME ZONE 'UTC')::date, ev.reason, sum(ev.amount) FROM ev GROUP BY 1, 2, 3",
+                "SELECT account_id, (occurred_at AT TIME ZONE 'UTC')::date, ev.reason, ev.amount, ev.seq FROM ev",
+            )
+            .replace(
+                "SET total = c.total + EXCLUDED.total",
+                "SET total = c.total + EXCLUDED.total, version = EXCLUDED.version WHERE c.version < EXCLUDED.version",
+            );
+        parse_one(&filtered).expect("a statement that filters on seq");
+    }
+
+    #[test]
+    fn a_ddl_that_changes_rows_at_every_start_is_refused() {
+        // The DDL runs at every start: a DROP or TRUNCATE there runs twice without failing
+        // and empties the live version's tables each time; an INSERT adds its rows again.
+        for (statement, verb) in [
+            ("DROP TABLE IF EXISTS cash_by_day_v{v};", "DROP"),
+            ("truncate cash_by_day_v{v};", "TRUNCATE"),
+            (
+                "INSERT INTO cash_by_day_v{v} VALUES (0, '2026-01-01', '', 0);",
+                "INSERT",
+            ),
+            ("DELETE FROM cash_by_day_v{v};", "DELETE"),
+            ("UPDATE cash_by_day_v{v} SET total = 0;", "UPDATE"),
+        ] {
+            let e = error(&GOOD.replace("-- name: write", &format!("{statement}\n-- name: write")));
+            assert!(
+                e.starts_with(&format!(
+                    "views/cash_by_day.sql:11: ddl: {verb} runs at every start"
+                )),
+                "{statement}: {e}"
+            );
+        }
+        // The words inside a string or a function's body are not statements of the DDL.
+        parse_one(&GOOD.replace(
+            "-- name: write",
+            "COMMENT ON TABLE cash_by_day_v{v} IS 'rows; delete nothing';\nCREATE OR REPLACE FUNCTION cash_by_day_f_v{v}() RETURNS void LANGUAGE sql AS $$ SELECT 1; DELETE FROM cash_by_day_v{v} WHERE false $$;\n-- name: write",
+        ))
+        .expect("a comment and a function body");
     }
 
     #[test]

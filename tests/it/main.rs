@@ -61,6 +61,7 @@ mod review_round3;
 mod review_round4;
 mod review_round5;
 mod sql_views;
+mod sql_views_review;
 mod support;
 mod version_code_adoption;
 mod views_conformance;
