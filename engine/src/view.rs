@@ -330,4 +330,57 @@ SELECT * FROM cash_v{v};
             Err(ViewError::BadVersion { .. })
         ));
     }
+
+    /// A view whose DDL names a table without `{v}`: every version [`Versioned`] builds
+    /// owns that one table, so a rebuild into v2 writes into the rows v1 serves, and
+    /// `retire --drop` of v1 drops the table v2 serves (`DROP TABLE ... CASCADE`). Refused
+    /// when registered, as a SQL view's loader refuses it.
+    #[test]
+    fn a_view_whose_table_every_version_would_share_is_refused() {
+        const SHARED: SqlFile = SqlFile::new(
+            "shared.sql",
+            "-- name: ddl
+CREATE TABLE IF NOT EXISTS cash_v{v} (account_id bigint PRIMARY KEY, balance numeric);
+CREATE TABLE IF NOT EXISTS cash_rates (currency text PRIMARY KEY);
+-- name: ctes
+moves AS (SELECT account_id, sum(amount) AS amount FROM ev GROUP BY account_id)
+-- name: write
+INSERT INTO cash_v{v} SELECT * FROM moves RETURNING 1;
+-- name: read
+SELECT * FROM cash_v{v};
+",
+        );
+        struct Shared;
+        impl View for Shared {
+            fn name(&self) -> &str {
+                "cash"
+            }
+            fn subscribes(&self) -> &[&str] {
+                &["cash_adjusted"]
+            }
+            fn sql(&self) -> SqlFile {
+                SHARED
+            }
+        }
+        let v1 = Versioned::new(1, Shared);
+        let v2 = v1.at(2);
+        let rendered = |p: &dyn Projection| -> Vec<String> {
+            p.tables()
+                .iter()
+                .map(|t| crate::projection::render(p, t))
+                .collect()
+        };
+        assert!(
+            rendered(&v1).iter().any(|t| rendered(&v2).contains(t)),
+            "the two versions share a table"
+        );
+        let e = Registry::new()
+            .view(1, Shared)
+            .expect_err("a table every version shares");
+        assert!(
+            matches!(&e, ViewError::SharedTable { consumer, table } if consumer == "cash_v1" && table == "cash_rates"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("cash_rates_v{v}"), "{e}");
+    }
 }
