@@ -553,6 +553,19 @@ pub enum ViewError {
         /// The table, as its DDL (or `Projection::tables`) names it.
         table: String,
     },
+    /// A table another view's versions own: both would write into it, and dropping a
+    /// retired version of one drops the table the other serves.
+    #[error(
+        "view {consumer}: table {table} is view {owner}'s; name the tables of each view after it"
+    )]
+    TableOfAnotherView {
+        /// The view version being registered.
+        consumer: String,
+        /// The table, as written (`{v}` kept).
+        table: String,
+        /// The registered view that owns it.
+        owner: String,
+    },
     /// A version filter without per-account ordering would drop late events as stale.
     #[error("view {0} asks for the version filter, but the source does not declare per-account ordering; use DedupMode::Inbox or an ordered source")]
     VersionFilterNeedsOrdering(String),
@@ -654,11 +667,22 @@ impl Registry {
         }
         Upcasters::new(projection.upcasters())
             .map_err(|e| ViewError::Upcasters(projection.consumer(), e))?;
-        if let Some(table) = projection.tables().into_iter().find(|t| !t.contains("{v}")) {
+        let tables = projection.tables();
+        if let Some(table) = tables.iter().find(|t| !t.contains("{v}")) {
             return Err(ViewError::SharedTable {
                 consumer: projection.consumer(),
-                table,
+                table: table.clone(),
             });
+        }
+        for other in self.views.iter().filter(|v| v.name() != name) {
+            let theirs = other.tables();
+            if let Some(table) = tables.iter().find(|t| theirs.contains(t)) {
+                return Err(ViewError::TableOfAnotherView {
+                    consumer: projection.consumer(),
+                    table: table.clone(),
+                    owner: other.name().to_owned(),
+                });
+            }
         }
         if self
             .views

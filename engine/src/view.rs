@@ -383,4 +383,36 @@ SELECT * FROM cash_v{v};
         );
         assert!(e.to_string().contains("cash_rates_v{v}"), "{e}");
     }
+
+    /// Two views whose DDL creates the same table: both write into it, and `retire --drop`
+    /// of one drops the table the other serves. Refused when the second registers.
+    #[test]
+    fn a_table_another_view_owns_is_refused() {
+        struct Other;
+        impl View for Other {
+            fn name(&self) -> &str {
+                "cash_copy"
+            }
+            fn subscribes(&self) -> &[&str] {
+                &["cash_adjusted"]
+            }
+            fn sql(&self) -> SqlFile {
+                SQL
+            }
+        }
+        let e = Registry::new()
+            .view(1, Cash)
+            .and_then(|r| r.view(1, Other))
+            .expect_err("cash_v{v} is cash's");
+        assert!(
+            matches!(&e, ViewError::TableOfAnotherView { consumer, table, owner }
+                if consumer == "cash_copy_v1" && table == "cash_v{v}" && owner == "cash"),
+            "{e}"
+        );
+        // The same view at another version owns the same names: its own tables.
+        assert!(Registry::new()
+            .view(1, Cash)
+            .and_then(|r| r.view(2, Cash))
+            .is_ok());
+    }
 }
