@@ -322,6 +322,76 @@ impl Rejected {
 /// literals and dollar-quoted bodies (a function's `CREATE TABLE` is not run by the DDL).
 /// What [`Projection::tables`] returns by default.
 pub fn tables_in(ddl: &str) -> Vec<String> {
+    let words = ddl_words(ddl);
+    let mut tables = Vec::new();
+    let is = |w: Option<&String>, k: &str| w.is_some_and(|w| w.eq_ignore_ascii_case(k));
+    let mut i = 0;
+    while i < words.len() {
+        // `CREATE [UNLOGGED | TEMP | TEMPORARY | GLOBAL TEMP | LOCAL TEMP ...] TABLE`.
+        let mut kind = i + 1;
+        while is(words.get(i), "create")
+            && ["unlogged", "temp", "temporary", "global", "local"]
+                .iter()
+                .any(|k| is(words.get(kind), k))
+        {
+            kind += 1;
+        }
+        if is(words.get(i), "create") && is(words.get(kind), "table") {
+            let mut at = kind + 1;
+            if is(words.get(at), "if")
+                && is(words.get(at + 1), "not")
+                && is(words.get(at + 2), "exists")
+            {
+                at += 3;
+            }
+            if let Some(name) = words.get(at) {
+                tables.push(name.clone());
+            }
+            i = at;
+        }
+        i += 1;
+    }
+    tables
+}
+
+/// The index names a DDL text gives: the name after every `CREATE [UNIQUE] INDEX
+/// [CONCURRENTLY] [IF NOT EXISTS]`, read as [`tables_in`] reads tables. An index without a
+/// name (`CREATE INDEX ON t (a)`) is named by PostgreSQL after its table, and is not listed.
+pub fn indexes_in(ddl: &str) -> Vec<String> {
+    let words = ddl_words(ddl);
+    let is = |w: Option<&String>, k: &str| w.is_some_and(|w| w.eq_ignore_ascii_case(k));
+    let mut indexes = Vec::new();
+    for i in 0..words.len() {
+        if !is(words.get(i), "create") {
+            continue;
+        }
+        let mut at = i + 1;
+        if is(words.get(at), "unique") {
+            at += 1;
+        }
+        if !is(words.get(at), "index") {
+            continue;
+        }
+        at += 1;
+        if is(words.get(at), "concurrently") {
+            at += 1;
+        }
+        if is(words.get(at), "if")
+            && is(words.get(at + 1), "not")
+            && is(words.get(at + 2), "exists")
+        {
+            at += 3;
+        }
+        if let Some(name) = words.get(at).filter(|w| !w.eq_ignore_ascii_case("on")) {
+            indexes.push(name.clone());
+        }
+    }
+    indexes
+}
+
+/// The words of a DDL text, outside comments, string literals and dollar-quoted bodies; a
+/// quoted identifier is one word, quotes kept.
+fn ddl_words(ddl: &str) -> Vec<String> {
     let mut words: Vec<String> = Vec::new();
     let mut word = String::new();
     let mut chars = ddl.chars().peekable();
@@ -412,35 +482,7 @@ pub fn tables_in(ddl: &str) -> Vec<String> {
         }
     }
     end_word(&mut word, &mut words);
-    let mut tables = Vec::new();
-    let is = |w: Option<&String>, k: &str| w.is_some_and(|w| w.eq_ignore_ascii_case(k));
-    let mut i = 0;
-    while i < words.len() {
-        // `CREATE [UNLOGGED | TEMP | TEMPORARY | GLOBAL TEMP | LOCAL TEMP ...] TABLE`.
-        let mut kind = i + 1;
-        while is(words.get(i), "create")
-            && ["unlogged", "temp", "temporary", "global", "local"]
-                .iter()
-                .any(|k| is(words.get(kind), k))
-        {
-            kind += 1;
-        }
-        if is(words.get(i), "create") && is(words.get(kind), "table") {
-            let mut at = kind + 1;
-            if is(words.get(at), "if")
-                && is(words.get(at + 1), "not")
-                && is(words.get(at + 2), "exists")
-            {
-                at += 3;
-            }
-            if let Some(name) = words.get(at) {
-                tables.push(name.clone());
-            }
-            i = at;
-        }
-        i += 1;
-    }
-    tables
+    words
 }
 
 /// A view's SQL file: statements under `-- name: <name>` headers ([`named_sql`]), compiled
@@ -552,6 +594,16 @@ pub enum ViewError {
         consumer: String,
         /// The table, as its DDL (or `Projection::tables`) names it.
         table: String,
+    },
+    /// An index the view's DDL names without `{v}`: the first version's table takes the
+    /// name, and `CREATE INDEX IF NOT EXISTS` gives the next version none (a rebuild into it
+    /// without its unique index fails its `ON CONFLICT` on every batch).
+    #[error("view {consumer}: index {index} has no `{{v}}` in its name, so only the first version would get it; name it {index}_v{{v}}")]
+    SharedIndex {
+        /// The view version.
+        consumer: String,
+        /// The index, as the DDL names it.
+        index: String,
     },
     /// A table another view's versions own: both would write into it, and dropping a
     /// retired version of one drops the table the other serves.
@@ -672,6 +724,15 @@ impl Registry {
             return Err(ViewError::SharedTable {
                 consumer: projection.consumer(),
                 table: table.clone(),
+            });
+        }
+        if let Some(index) = indexes_in(&projection.ddl())
+            .into_iter()
+            .find(|i| !i.contains("{v}"))
+        {
+            return Err(ViewError::SharedIndex {
+                consumer: projection.consumer(),
+                index,
             });
         }
         for other in self.views.iter().filter(|v| v.name() != name) {
