@@ -316,10 +316,82 @@ impl Rejected {
     }
 }
 
-/// The tables a DDL text creates: the name after every `CREATE [UNLOGGED] TABLE` (and `IF NOT EXISTS`),
-/// in the order written, as written (`{v}` kept), outside `--` and `/* */` comments and
-/// string literals. What [`Projection::tables`] returns by default.
+/// The tables a DDL text creates: the name after every `CREATE [UNLOGGED | TEMP] TABLE` (and
+/// `IF NOT EXISTS`), in the order written, as written (`{v}` kept, a quoted name with its
+/// quotes, a schema-qualified name whole), outside `--` and `/* */` comments, string
+/// literals and dollar-quoted bodies (a function's `CREATE TABLE` is not run by the DDL).
+/// What [`Projection::tables`] returns by default.
 pub fn tables_in(ddl: &str) -> Vec<String> {
+    let words = ddl_words(ddl);
+    let mut tables = Vec::new();
+    let is = |w: Option<&String>, k: &str| w.is_some_and(|w| w.eq_ignore_ascii_case(k));
+    let mut i = 0;
+    while i < words.len() {
+        // `CREATE [UNLOGGED | TEMP | TEMPORARY | GLOBAL TEMP | LOCAL TEMP ...] TABLE`.
+        let mut kind = i + 1;
+        while is(words.get(i), "create")
+            && ["unlogged", "temp", "temporary", "global", "local"]
+                .iter()
+                .any(|k| is(words.get(kind), k))
+        {
+            kind += 1;
+        }
+        if is(words.get(i), "create") && is(words.get(kind), "table") {
+            let mut at = kind + 1;
+            if is(words.get(at), "if")
+                && is(words.get(at + 1), "not")
+                && is(words.get(at + 2), "exists")
+            {
+                at += 3;
+            }
+            if let Some(name) = words.get(at) {
+                tables.push(name.clone());
+            }
+            i = at;
+        }
+        i += 1;
+    }
+    tables
+}
+
+/// The index names a DDL text gives: the name after every `CREATE [UNIQUE] INDEX
+/// [CONCURRENTLY] [IF NOT EXISTS]`, read as [`tables_in`] reads tables. An index without a
+/// name (`CREATE INDEX ON t (a)`) is named by PostgreSQL after its table, and is not listed.
+pub fn indexes_in(ddl: &str) -> Vec<String> {
+    let words = ddl_words(ddl);
+    let is = |w: Option<&String>, k: &str| w.is_some_and(|w| w.eq_ignore_ascii_case(k));
+    let mut indexes = Vec::new();
+    for i in 0..words.len() {
+        if !is(words.get(i), "create") {
+            continue;
+        }
+        let mut at = i + 1;
+        if is(words.get(at), "unique") {
+            at += 1;
+        }
+        if !is(words.get(at), "index") {
+            continue;
+        }
+        at += 1;
+        if is(words.get(at), "concurrently") {
+            at += 1;
+        }
+        if is(words.get(at), "if")
+            && is(words.get(at + 1), "not")
+            && is(words.get(at + 2), "exists")
+        {
+            at += 3;
+        }
+        if let Some(name) = words.get(at).filter(|w| !w.eq_ignore_ascii_case("on")) {
+            indexes.push(name.clone());
+        }
+    }
+    indexes
+}
+
+/// The words of a DDL text, outside comments, string literals and dollar-quoted bodies; a
+/// quoted identifier is one word, quotes kept.
+fn ddl_words(ddl: &str) -> Vec<String> {
     let mut words: Vec<String> = Vec::new();
     let mut word = String::new();
     let mut chars = ddl.chars().peekable();
@@ -357,6 +429,52 @@ pub fn tables_in(ddl: &str) -> Vec<String> {
                     }
                 }
             }
+            // A quoted identifier is part of the word, spaces and all (`""` is a quote).
+            '"' => {
+                word.push('"');
+                while let Some(c) = chars.next() {
+                    word.push(c);
+                    if c == '"' {
+                        if chars.peek() == Some(&'"') {
+                            chars.next();
+                            word.push('"');
+                        } else {
+                            break;
+                        }
+                    }
+                }
+            }
+            // A dollar-quoted string (`$$...$$`, `$body$...$body$`): a function's body,
+            // which running the DDL does not run. `$` inside a word (`a$1`) is no quote.
+            '$' if word.is_empty() => {
+                let mut tag = String::from("$");
+                let mut closed = false;
+                while let Some(&c) = chars.peek() {
+                    if c == '$' {
+                        chars.next();
+                        tag.push('$');
+                        closed = true;
+                        break;
+                    }
+                    if c.is_alphanumeric() || c == '_' {
+                        chars.next();
+                        tag.push(c);
+                    } else {
+                        break;
+                    }
+                }
+                if closed {
+                    let mut body = String::new();
+                    for c in chars.by_ref() {
+                        body.push(c);
+                        if body.ends_with(tag.as_str()) {
+                            break;
+                        }
+                    }
+                } else {
+                    word.push_str(&tag);
+                }
+            }
             c if c.is_whitespace() || c == '(' || c == ';' || c == ',' || c == ')' => {
                 end_word(&mut word, &mut words);
             }
@@ -364,34 +482,7 @@ pub fn tables_in(ddl: &str) -> Vec<String> {
         }
     }
     end_word(&mut word, &mut words);
-    let mut tables = Vec::new();
-    let is = |w: Option<&String>, k: &str| w.is_some_and(|w| w.eq_ignore_ascii_case(k));
-    let mut i = 0;
-    while i < words.len() {
-        // `CREATE [UNLOGGED | TEMP | TEMPORARY | GLOBAL | LOCAL ...] TABLE`.
-        let mut t = i + 1;
-        while ["unlogged", "temp", "temporary", "global", "local"]
-            .iter()
-            .any(|m| is(words.get(t), m))
-        {
-            t += 1;
-        }
-        if is(words.get(i), "create") && is(words.get(t), "table") {
-            let mut at = t + 1;
-            if is(words.get(at), "if")
-                && is(words.get(at + 1), "not")
-                && is(words.get(at + 2), "exists")
-            {
-                at += 3;
-            }
-            if let Some(name) = words.get(at) {
-                tables.push(name.clone());
-            }
-            i = at;
-        }
-        i += 1;
-    }
-    tables
+    words
 }
 
 /// A view's SQL file: statements under `-- name: <name>` headers ([`named_sql`]), compiled
@@ -494,6 +585,39 @@ pub enum ViewError {
     /// Subscribes to nothing.
     #[error("view {0} subscribes to no event type")]
     NoSubscriptions(String),
+    /// A table of the view's whose name has no `{v}`: every version of the view would own
+    /// it, so a rebuild into the next version writes into the rows the live one serves, and
+    /// dropping a retired version drops the table the live one reads.
+    #[error("view {consumer}: table {table} has no `{{v}}` in its name, so every version would share it; name it {table}_v{{v}}")]
+    SharedTable {
+        /// The view version.
+        consumer: String,
+        /// The table, as its DDL (or `Projection::tables`) names it.
+        table: String,
+    },
+    /// An index the view's DDL names without `{v}`: the first version's table takes the
+    /// name, and `CREATE INDEX IF NOT EXISTS` gives the next version none (a rebuild into it
+    /// without its unique index fails its `ON CONFLICT` on every batch).
+    #[error("view {consumer}: index {index} has no `{{v}}` in its name, so only the first version would get it; name it {index}_v{{v}}")]
+    SharedIndex {
+        /// The view version.
+        consumer: String,
+        /// The index, as the DDL names it.
+        index: String,
+    },
+    /// A table another view's versions own: both would write into it, and dropping a
+    /// retired version of one drops the table the other serves.
+    #[error(
+        "view {consumer}: table {table} is view {owner}'s; name the tables of each view after it"
+    )]
+    TableOfAnotherView {
+        /// The view version being registered.
+        consumer: String,
+        /// The table, as written (`{v}` kept).
+        table: String,
+        /// The registered view that owns it.
+        owner: String,
+    },
     /// A version filter without per-account ordering would drop late events as stale.
     #[error("view {0} asks for the version filter, but the source does not declare per-account ordering; use DedupMode::Inbox or an ordered source")]
     VersionFilterNeedsOrdering(String),
@@ -595,6 +719,32 @@ impl Registry {
         }
         Upcasters::new(projection.upcasters())
             .map_err(|e| ViewError::Upcasters(projection.consumer(), e))?;
+        let tables = projection.tables();
+        if let Some(table) = tables.iter().find(|t| !t.contains("{v}")) {
+            return Err(ViewError::SharedTable {
+                consumer: projection.consumer(),
+                table: table.clone(),
+            });
+        }
+        if let Some(index) = indexes_in(&projection.ddl())
+            .into_iter()
+            .find(|i| !i.contains("{v}"))
+        {
+            return Err(ViewError::SharedIndex {
+                consumer: projection.consumer(),
+                index,
+            });
+        }
+        for other in self.views.iter().filter(|v| v.name() != name) {
+            let theirs = other.tables();
+            if let Some(table) = tables.iter().find(|t| theirs.contains(t)) {
+                return Err(ViewError::TableOfAnotherView {
+                    consumer: projection.consumer(),
+                    table: table.clone(),
+                    owner: other.name().to_owned(),
+                });
+            }
+        }
         if self
             .views
             .iter()
@@ -706,5 +856,43 @@ CREATE TABLE plain_v{v} (a int)";
             ),
             ["a_v{v}", "b_v{v}", "c_v{v}"]
         );
+    }
+
+    /// A table the default `tables()` misses is left behind by `retire --drop` (and a
+    /// rebuild into the same version number starts from its rows) and never compared by
+    /// `verify`; a name read wrong drops nothing, or the wrong table.
+    #[test]
+    fn tables_are_read_off_the_ddl_whatever_the_create_says_before_table() {
+        let ddl = "CREATE UNLOGGED TABLE IF NOT EXISTS fast_v{v} (a int);
+create unlogged table slow_v{v} (a int);
+CREATE TABLE IF NOT EXISTS \"Cash Book_v{v}\" (a int);
+CREATE TABLE IF NOT EXISTS \"odd(\"\"name\"\"\"_v{v} (a int);
+CREATE TABLE IF NOT EXISTS public.qualified_v{v}(a int);";
+        assert_eq!(
+            tables_in(ddl),
+            [
+                "fast_v{v}",
+                "slow_v{v}",
+                "\"Cash Book_v{v}\"",
+                "\"odd(\"\"name\"\"\"_v{v}",
+                "public.qualified_v{v}",
+            ]
+        );
+    }
+
+    /// A function's body (dollar-quoted) is not run by the DDL: a `CREATE TABLE` in it is no
+    /// table of the view's, and `retire --drop` must not drop what it names (a shared
+    /// table the function writes, say).
+    #[test]
+    fn a_create_table_in_a_function_body_is_no_table_of_the_view() {
+        let ddl = "CREATE TABLE IF NOT EXISTS audited_v{v} (a int);
+CREATE OR REPLACE FUNCTION audit_v{v}() RETURNS trigger LANGUAGE plpgsql AS $body$
+BEGIN
+  CREATE TABLE IF NOT EXISTS audit_log (a int);
+  RETURN NEW;
+END $body$;
+CREATE OR REPLACE FUNCTION nothing_v{v}() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$;
+CREATE TABLE IF NOT EXISTS after_v{v} (a int);";
+        assert_eq!(tables_in(ddl), ["audited_v{v}", "after_v{v}"]);
     }
 }

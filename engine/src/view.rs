@@ -330,4 +330,138 @@ SELECT * FROM cash_v{v};
             Err(ViewError::BadVersion { .. })
         ));
     }
+
+    /// A view whose DDL names a table without `{v}`: every version [`Versioned`] builds
+    /// owns that one table, so a rebuild into v2 writes into the rows v1 serves, and
+    /// `retire --drop` of v1 drops the table v2 serves (`DROP TABLE ... CASCADE`). Refused
+    /// when registered, as a SQL view's loader refuses it.
+    #[test]
+    fn a_view_whose_table_every_version_would_share_is_refused() {
+        const SHARED: SqlFile = SqlFile::new(
+            "shared.sql",
+            "-- name: ddl
+CREATE TABLE IF NOT EXISTS cash_v{v} (account_id bigint PRIMARY KEY, balance numeric);
+CREATE TABLE IF NOT EXISTS cash_rates (currency text PRIMARY KEY);
+-- name: ctes
+moves AS (SELECT account_id, sum(amount) AS amount FROM ev GROUP BY account_id)
+-- name: write
+INSERT INTO cash_v{v} SELECT * FROM moves RETURNING 1;
+-- name: read
+SELECT * FROM cash_v{v};
+",
+        );
+        struct Shared;
+        impl View for Shared {
+            fn name(&self) -> &str {
+                "cash"
+            }
+            fn subscribes(&self) -> &[&str] {
+                &["cash_adjusted"]
+            }
+            fn sql(&self) -> SqlFile {
+                SHARED
+            }
+        }
+        let v1 = Versioned::new(1, Shared);
+        let v2 = v1.at(2);
+        let rendered = |p: &dyn Projection| -> Vec<String> {
+            p.tables()
+                .iter()
+                .map(|t| crate::projection::render(p, t))
+                .collect()
+        };
+        assert!(
+            rendered(&v1).iter().any(|t| rendered(&v2).contains(t)),
+            "the two versions share a table"
+        );
+        let e = Registry::new()
+            .view(1, Shared)
+            .expect_err("a table every version shares");
+        assert!(
+            matches!(&e, ViewError::SharedTable { consumer, table } if consumer == "cash_v1" && table == "cash_rates"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("cash_rates_v{v}"), "{e}");
+    }
+
+    /// A view whose DDL names an index without `{v}`: the first version creates it, and
+    /// `CREATE UNIQUE INDEX IF NOT EXISTS` does nothing for the next one (the name is taken,
+    /// by the other version's table), so a rebuild into v2 has no unique index and its
+    /// `ON CONFLICT` fails every batch. Refused when registered.
+    #[test]
+    fn a_view_whose_index_every_version_would_share_is_refused() {
+        const INDEXED: SqlFile = SqlFile::new(
+            "indexed.sql",
+            "-- name: ddl
+CREATE TABLE IF NOT EXISTS cash_v{v} (account_id bigint, day date, balance numeric);
+CREATE UNIQUE INDEX IF NOT EXISTS cash_key ON cash_v{v} (account_id, day);
+CREATE INDEX ON cash_v{v} (day);
+-- name: ctes
+moves AS (SELECT account_id, sum(amount) AS amount FROM ev GROUP BY account_id)
+-- name: write
+INSERT INTO cash_v{v} SELECT account_id, now()::date, amount FROM moves
+ON CONFLICT (account_id, day) DO UPDATE SET balance = EXCLUDED.balance RETURNING 1;
+-- name: read
+SELECT * FROM cash_v{v};
+",
+        );
+        struct Indexed;
+        impl View for Indexed {
+            fn name(&self) -> &str {
+                "cash"
+            }
+            fn subscribes(&self) -> &[&str] {
+                &["cash_adjusted"]
+            }
+            fn sql(&self) -> SqlFile {
+                INDEXED
+            }
+        }
+        let e = Registry::new()
+            .view(1, Indexed)
+            .expect_err("an index every version shares");
+        assert!(
+            matches!(&e, ViewError::SharedIndex { consumer, index } if consumer == "cash_v1" && index == "cash_key"),
+            "{e}"
+        );
+        assert_eq!(
+            crate::projection::indexes_in(
+                "CREATE UNIQUE INDEX IF NOT EXISTS a_v{v} ON t (a); create index concurrently b ON t (b);
+                 CREATE INDEX ON t (c); CREATE INDEX IF NOT EXISTS ON t (d); -- CREATE INDEX x ON t (e)"
+            ),
+            ["a_v{v}", "b"]
+        );
+    }
+
+    /// Two views whose DDL creates the same table: both write into it, and `retire --drop`
+    /// of one drops the table the other serves. Refused when the second registers.
+    #[test]
+    fn a_table_another_view_owns_is_refused() {
+        struct Other;
+        impl View for Other {
+            fn name(&self) -> &str {
+                "cash_copy"
+            }
+            fn subscribes(&self) -> &[&str] {
+                &["cash_adjusted"]
+            }
+            fn sql(&self) -> SqlFile {
+                SQL
+            }
+        }
+        let e = Registry::new()
+            .view(1, Cash)
+            .and_then(|r| r.view(1, Other))
+            .expect_err("cash_v{v} is cash's");
+        assert!(
+            matches!(&e, ViewError::TableOfAnotherView { consumer, table, owner }
+                if consumer == "cash_copy_v1" && table == "cash_v{v}" && owner == "cash"),
+            "{e}"
+        );
+        // The same view at another version owns the same names: its own tables.
+        assert!(Registry::new()
+            .view(1, Cash)
+            .and_then(|r| r.view(2, Cash))
+            .is_ok());
+    }
 }

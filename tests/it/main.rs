@@ -60,6 +60,7 @@ mod review_round2;
 mod review_round3;
 mod review_round4;
 mod review_round5;
+mod review_rust_views;
 mod sql_views;
 mod sql_views_review;
 mod support;

@@ -42,9 +42,7 @@ use tokio_postgres::Statement;
 use tracing::Instrument;
 
 use crate::bell::Bell;
-use crate::event::{
-    check_storable, decode_envelope, extract_fields, salvage, DecodeError, Event, Message,
-};
+use crate::event::{check_storable, decode_envelope, extract_fields, salvage, Event, Message};
 use crate::inbox;
 use crate::metrics::ViewMetrics;
 use crate::projection::{
@@ -800,9 +798,23 @@ impl Applier {
     /// The view's rules for the data of an event's type at the event's version
     /// ([`Projection::check_data`]), then what every type's data must pass
     /// ([`check_storable`]).
-    fn check_data(&self, event: &Event) -> Result<(), DecodeError> {
-        self.projection.check_data(event)?;
-        check_storable(event)
+    ///
+    /// The rules are the view's own Rust code: a panic in them poisons this event for the
+    /// view, as one in `validate` or an upcaster does, instead of ending the partition's
+    /// worker with the batch (met again on every restart).
+    fn check_data(&self, event: &Event) -> Result<(), String> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.projection.check_data(event)
+        }))
+        .map_err(|panic| {
+            format!(
+                "view {}'s check_data panicked: {}",
+                self.consumer,
+                panic_message(&*panic)
+            )
+        })?
+        .map_err(|e| e.to_string())?;
+        check_storable(event).map_err(|e| e.to_string())
     }
 
     /// The version the view reads each type it subscribes to at, for the drains that look
