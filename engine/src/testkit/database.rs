@@ -6,10 +6,19 @@ use crate::projection::Registry;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// The server tests run against: `PROJECTOR_TEST_DATABASE_URL`, else the local default.
+/// The server tests run against: `PROJECTOR_TEST_DATABASE_URL`, else the local server on
+/// 127.0.0.1 without TLS.
+///
+/// `sslmode=disable` because the default, libpq's `prefer`, encrypts on loopback wherever the
+/// server has TLS on (Debian's has, with its snakeoil certificate): every pool then parsed the
+/// system's CA bundle and every connection paid a handshake on both ends, a third of the
+/// suite's CPU time, spent on a wire that never leaves the machine. The databases a test
+/// makes inherit it, and so do the `projector` processes it starts with their URLs. TLS itself
+/// is tested where it is the subject (`cli::tls_follows_sslmode`).
 pub fn admin_url() -> String {
-    std::env::var("PROJECTOR_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+    std::env::var("PROJECTOR_TEST_DATABASE_URL").unwrap_or_else(|_| {
+        "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable".to_owned()
+    })
 }
 
 /// A fresh database with the engine schema and the given views installed. Dropped when the
