@@ -167,8 +167,10 @@ async fn an_inbox_moved_while_events_flow_and_a_kill_mid_way_applies_nothing_twi
     let observer = db.client().await;
     // The migration's text as pg_stat_activity shows it: its first line (the view cuts a
     // long query at track_activity_query_size).
-    let moving =
-        "query LIKE '-- The inbox keyed by the event''s own time%' AND wait_event_type = 'Lock'";
+    // In this test's database only: every test database runs this migration once, and one
+    // waiting on a lock elsewhere is another test's session.
+    let moving = "datname = current_database() \
+        AND query LIKE '-- The inbox keyed by the event''s own time%' AND wait_event_type = 'Lock'";
     crate::support::eventually(
         "the move to wait for the batch in flight",
         || async {

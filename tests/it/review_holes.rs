@@ -846,15 +846,13 @@ fn jev(account: i64, seq: i64, fail: bool) -> EventSpec {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-// The search found holes 1 and 8. SEEDS=n widens it, SEED=k replays one case. The suite runs
-// 40 seeds (it ran 100): the search is one of the suite's slowest tests, and CI's time limit
-// is near; widen it by hand after a change to the apply path.
+// The search found holes 1 and 8. SEEDS=n widens it, SEED=k replays one case.
 async fn search_random_failures_and_redeliveries() {
     use projector_engine::testkit::Lcg;
     let seeds: u64 = std::env::var("SEEDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(40);
+        .unwrap_or(100);
     let only: Option<u64> = std::env::var("SEED").ok().and_then(|v| v.parse().ok());
     let registry = Registry::new().register(Journal).expect("registry");
     let db = TestDb::new(&registry).await;

@@ -176,7 +176,10 @@ async fn lock_holder(db: &TestDb, consumer: &str) -> Option<i32> {
     db.client()
         .await
         .query_opt(
+            // This test's database only: the same view's lock in another test's database
+            // is another session, which the caller would terminate.
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                AND classid::bigint = 1886546546 AND objsubid = 2 \
                AND objid::bigint = (hashtext($1)::bigint & 4294967295) LIMIT 1",
             &[&consumer],
