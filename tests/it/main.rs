@@ -43,7 +43,6 @@ mod ops_retry_into_waiting;
 mod ops_status;
 mod portfolio_fold;
 mod read_your_writes;
-mod read_your_writes_review;
 mod rebuild;
 mod rebuild_crash;
 mod rebuild_notices;
