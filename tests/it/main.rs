@@ -18,7 +18,7 @@ mod engine_poison;
 mod engine_pool;
 mod engine_schedules;
 mod event_versions;
-mod event_versions_review;
+mod event_versions_edges;
 mod examples_custom_views;
 mod inbox_days;
 mod inbox_layout;
