@@ -1,8 +1,9 @@
-//! Adversarial review of 306babe: every view with an inbox, order-independent ones (eod,
-//! `Tally`, `Ledger` below) and views on an unordered source included, now runs the plain
-//! inbox insert first (`queries::FRESH_INBOX_CTES`); a unique violation of the inbox rolls
-//! the batch back to `projector_batch` and runs the rounds again with `ON CONFLICT DO
-//! NOTHING`, and any further failure takes the careful path.
+//! An id the inbox already has, met by the plain (fresh) insert of an order-independent view
+//! or of a view on an unordered source. Since 306babe every view with an inbox,
+//! order-independent ones (eod, `Tally`, `Ledger` below) and views on an unordered source
+//! included, runs the plain inbox insert first (`queries::FRESH_INBOX_CTES`); a unique
+//! violation of the inbox rolls the batch back to `projector_batch` and runs the rounds again
+//! with `ON CONFLICT DO NOTHING`, and any further failure takes the careful path.
 //!
 //! Each test drives one way an id the inbox has (or will have) meets the plain insert of an
 //! order-independent view: republished batches, ids repeated in one batch or first carried by
