@@ -1147,7 +1147,7 @@ async fn unordered_inbox_random_republishes_poison_failures_and_crashes_apply_ea
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known gap: inside a batch the lowest account's event keeps a reused id, across batches the first by offset; ranking by offset (tried) lost a waiting event whose first carrier failed (tests/it/review_round3.rs)"]
+#[ignore = "known gap: inside a batch the lowest account's event keeps a reused id, across batches the first by offset; ranking by offset (tried) lost a waiting event whose first carrier failed (tests/it/reused_ids_first_carrier.rs)"]
 async fn unordered_inbox_the_first_of_two_events_sharing_an_id_wins_whatever_the_batching() {
     // Two different events under one id (a producer bug): the inbox keeps the first one.
     // Across batches the first by offset wins; inside one batch `Work::mark_repeated_ids`
