@@ -55,8 +55,8 @@ use bookkeeping::Advance;
 use plan::{AccountState, Decoded, StoredEvent, Work};
 
 pub use repair::DeadLetterSkip;
-pub(crate) use rounds::describe_db_error;
 pub use rounds::{compose_statement, compose_statement_with, InboxGuard};
+pub(crate) use types::describe_db_error;
 pub use types::{ApplyError, Batch, BatchOutcome, Counts, Disposition};
 
 /// How long a consumer's rows in the inbox before V0009 are taken to be there before it is

@@ -16,7 +16,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
 
 use crate::apply::plan::Work;
-use crate::apply::types::{ApplyError, Counts};
+use crate::apply::types::{describe_db_error, ApplyError, Counts};
 use crate::apply::Applier;
 use crate::event::Event;
 use crate::event::FieldValue;
@@ -224,20 +224,6 @@ fn is_inbox_conflict(e: &tokio_postgres::Error) -> bool {
             && db.schema() == Some("projector")
             && inbox::is_inbox_table(db.table())
     })
-}
-
-pub(crate) fn describe_db_error(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => {
-            let mut s = format!("{} ({})", db.message(), db.code().code());
-            if let Some(detail) = db.detail() {
-                s.push_str(": ");
-                s.push_str(detail);
-            }
-            s
-        }
-        None => e.to_string(),
-    }
 }
 
 impl Applier {
