@@ -239,13 +239,13 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
             });
         }
     }
-    for i in work.stored_poison() {
-        let s = &work.stored[i];
+    for i in work.waiting_poison() {
+        let s = &work.waiting[i];
         let Decoded::Poison { error, salvage } = &s.decoded else {
             continue;
         };
         rows.dead.push(DeadLetter {
-            source: work.source(Item::Stored(i)),
+            source: work.source(Item::Waiting(i)),
             kind: "poison",
             event_id: salvage.event_id.clone(),
             account_id: Some(s.account_id),
@@ -286,10 +286,10 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
                 error: error.clone(),
             });
         }
-        // Stored events no longer waiting were applied, ignored, dead-lettered, or found
+        // Loaded waiting events that no longer wait were applied, ignored, dead-lettered, or found
         // stale (their seq applied meanwhile).
         for &(seq, item) in acc.plan.emitted.iter().chain(&acc.plan.stale) {
-            if let Item::Stored(_) = item {
+            if let Item::Waiting(_) = item {
                 rows.drained.0.push(acc.account_id);
                 rows.drained.1.push(seq);
             }

@@ -56,7 +56,7 @@ use crate::upcast::{UpcastError, Upcasters};
 
 use bookkeeping::Advance;
 use passes::{Passes, Written};
-use plan::{AccountState, Decoded, StoredEvent, Work};
+use plan::{AccountState, Decoded, WaitingEvent, Work};
 
 pub use repair::DeadLetterSkip;
 pub use rounds::{compose_statement, compose_statement_with, InboxGuard};
@@ -597,7 +597,7 @@ impl Applier {
             let written = Written {
                 counts,
                 dispositions: &work.dispositions,
-                earlier: work.stored_outcomes(),
+                earlier: work.waiting_outcomes(),
                 more_to_drain: work.more_to_drain(),
             };
             passes.written(&pass, &batch.messages, written);
@@ -990,10 +990,10 @@ impl Applier {
     }
 
     /// Adds waiting events, as rows of [`queries::LOAD_WAITING`], to the work.
-    fn push_stored(&self, work: &mut Work<'_>, rows: Vec<tokio_postgres::Row>) {
+    fn push_waiting(&self, work: &mut Work<'_>, rows: Vec<tokio_postgres::Row>) {
         for row in rows {
             let message = Message::new(row.get(5), row.get(6), row.get::<_, Vec<u8>>(7));
-            work.stored.push(StoredEvent {
+            work.waiting.push(WaitingEvent {
                 account_id: row.get(0),
                 seq: row.get(1),
                 topic: row.get(3),
@@ -1043,7 +1043,7 @@ impl Applier {
                     *highest = (*highest).max(seq);
                 }
             }
-            self.push_stored(work, rows);
+            self.push_waiting(work, rows);
             // A batch event past what was loaded of its account may land on a `seq` that
             // an event already waits at: that one is loaded too, so that the sequencer
             // judges the two by their ids (a duplicate, or a conflict).
@@ -1056,7 +1056,7 @@ impl Applier {
                     )
                     .await
                     .map_err(self.db("loading waiting events"))?;
-                self.push_stored(work, rows);
+                self.push_waiting(work, rows);
             }
         }
         work.sequence(states, self.tracking == Tracking::Seq);

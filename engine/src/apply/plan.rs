@@ -93,7 +93,7 @@ pub(crate) struct Source<'a> {
 /// An event that waited in `projector.waiting_events`, loaded because its account is in
 /// the batch.
 #[derive(Debug, Clone)]
-pub(crate) struct StoredEvent {
+pub(crate) struct WaitingEvent {
     pub account_id: i64,
     pub seq: i64,
     pub topic: String,
@@ -176,7 +176,8 @@ pub(crate) struct Work<'b> {
     pub messages: &'b [Message],
     /// Each message decoded, index for index.
     pub decoded: &'b [Decoded],
-    pub stored: Vec<StoredEvent>,
+    /// The waiting events loaded for the pass's accounts, which [`Item::Waiting`] indexes.
+    pub waiting: Vec<WaitingEvent>,
     pub accounts: Vec<AccountWork>,
     pub dispositions: Vec<Disposition>,
     pub conflicts: Vec<Conflict>,
@@ -221,7 +222,7 @@ impl<'b> Work<'b> {
             messages,
             dispositions: vec![Disposition::DeadLettered; decoded.len()],
             decoded,
-            stored: Vec::new(),
+            waiting: Vec::new(),
             accounts: Vec::new(),
             conflicts: Vec::new(),
             repeats: HashMap::new(),
@@ -253,14 +254,14 @@ impl<'b> Work<'b> {
     pub(crate) fn values(&self, item: Item) -> &[FieldValue] {
         match item {
             Item::Batch(i) => self.decoded[i].values(),
-            Item::Stored(i) => self.stored[i].decoded.values(),
+            Item::Waiting(i) => self.waiting[i].decoded.values(),
         }
     }
 
     pub(crate) fn event(&self, item: Item) -> Option<&Event> {
         match item {
             Item::Batch(i) => self.decoded[i].event(),
-            Item::Stored(i) => self.stored[i].decoded.event(),
+            Item::Waiting(i) => self.waiting[i].decoded.event(),
         }
     }
 
@@ -268,7 +269,7 @@ impl<'b> Work<'b> {
     pub(crate) fn is_held(&self, item: Item) -> bool {
         match item {
             Item::Batch(i) => self.decoded[i].is_held(),
-            Item::Stored(i) => self.stored[i].decoded.is_held(),
+            Item::Waiting(i) => self.waiting[i].decoded.is_held(),
         }
     }
 
@@ -276,7 +277,7 @@ impl<'b> Work<'b> {
     pub(crate) fn held(&self, item: Item) -> Option<(&Event, &str)> {
         let decoded = match item {
             Item::Batch(i) => &self.decoded[i],
-            Item::Stored(i) => &self.stored[i].decoded,
+            Item::Waiting(i) => &self.waiting[i].decoded,
         };
         match decoded {
             Decoded::Held { event, why } => Some((event, why.as_str())),
@@ -288,7 +289,7 @@ impl<'b> Work<'b> {
     pub(crate) fn sends(&self, item: Item) -> bool {
         match item {
             Item::Batch(i) => self.decoded[i].is_sent(),
-            Item::Stored(i) => self.stored[i].decoded.is_sent(),
+            Item::Waiting(i) => self.waiting[i].decoded.is_sent(),
         }
     }
 
@@ -304,8 +305,8 @@ impl<'b> Work<'b> {
                     payload: &m.payload,
                 }
             }
-            Item::Stored(i) => {
-                let s = &self.stored[i];
+            Item::Waiting(i) => {
+                let s = &self.waiting[i];
                 Source {
                     topic: &s.topic,
                     partition: s.partition,
@@ -317,10 +318,10 @@ impl<'b> Work<'b> {
         }
     }
 
-    /// Stored events that no longer decode: dead-lettered now, and gone from the waiting
+    /// Waiting events that no longer decode: dead-lettered now, and gone from the waiting
     /// table (never counted as ignored and deleted).
-    pub(crate) fn stored_poison(&self) -> impl Iterator<Item = usize> + '_ {
-        self.stored
+    pub(crate) fn waiting_poison(&self) -> impl Iterator<Item = usize> + '_ {
+        self.waiting
             .iter()
             .enumerate()
             .filter(|(_, s)| matches!(s.decoded, Decoded::Poison { .. }))
@@ -359,12 +360,12 @@ impl<'b> Work<'b> {
             }
         }
         let mut waiting: HashMap<i64, BTreeMap<i64, Item>> = HashMap::new();
-        for (i, s) in self.stored.iter().enumerate() {
+        for (i, s) in self.waiting.iter().enumerate() {
             if s.decoded.event().is_some() {
                 waiting
                     .entry(s.account_id)
                     .or_default()
-                    .insert(s.seq, Item::Stored(i));
+                    .insert(s.seq, Item::Waiting(i));
             }
         }
         for &account in &self.extra_accounts {
@@ -381,7 +382,7 @@ impl<'b> Work<'b> {
                 let held = waiting.get(&account_id);
                 events = self.claimed_by_the_dead(&initial, held, &claims, events);
             }
-            let stored = sequencer::Stored {
+            let start = sequencer::Start {
                 last_seq: initial.last_seq,
                 watermark: initial.watermark,
                 waiting: waiting.remove(&account_id).unwrap_or_default(),
@@ -392,7 +393,7 @@ impl<'b> Work<'b> {
                 _ => false,
             };
             let plan =
-                sequencer::plan_with(stored, &events, ordered, &|item| self.is_held(item), &same);
+                sequencer::plan_with(start, &events, ordered, &|item| self.is_held(item), &same);
             for (&(_, item), verdict) in events.iter().zip(&plan.verdicts) {
                 let Item::Batch(i) = item else { continue };
                 self.dispositions[i] = match verdict {
@@ -417,7 +418,7 @@ impl<'b> Work<'b> {
                 .iter()
                 .filter_map(|&(_, item)| match item {
                     Item::Batch(i) => Some(i),
-                    Item::Stored(_) => None,
+                    Item::Waiting(_) => None,
                 })
                 .collect();
             self.accounts.push(AccountWork {
@@ -445,7 +446,7 @@ impl<'b> Work<'b> {
                 });
             }
         }
-        for s in &self.stored {
+        for s in &self.waiting {
             if let Decoded::Poison { salvage, .. } = &s.decoded {
                 claims.entry(s.account_id).or_default().push(Claim {
                     seq: s.seq,
@@ -747,7 +748,7 @@ impl<'b> Work<'b> {
         let mut counts = Counts::default();
         let mut uncounted_repeats = 0;
         for a in 0..self.accounts.len() {
-            // Stored events whose seq was applied meanwhile leave as duplicates.
+            // Waiting events whose seq was applied meanwhile leave as duplicates.
             let stale = self.accounts[a].plan.stale.len() as u64;
             counts.drained += stale;
             counts.dup_seq += stale;
@@ -769,7 +770,7 @@ impl<'b> Work<'b> {
                     }
                     continue;
                 }
-                if let Item::Stored(_) = item {
+                if let Item::Waiting(_) = item {
                     counts.drained += 1;
                 }
                 if failed.contains(&k) {
@@ -798,8 +799,8 @@ impl<'b> Work<'b> {
             acc.plan.emitted = emitted[..=cut].to_vec();
         }
         self.counts.dup_inbox -= uncounted_repeats.min(self.counts.dup_inbox);
-        counts.drained += self.stored_poison().count() as u64;
-        counts.poison += self.stored_poison().count() as u64;
+        counts.drained += self.waiting_poison().count() as u64;
+        counts.poison += self.waiting_poison().count() as u64;
         counts.waiting = self
             .dispositions
             .iter()
@@ -819,7 +820,7 @@ impl<'b> Work<'b> {
             .filter(|a| {
                 let highest = self.loaded_to.get(&a.account_id).copied();
                 !a.plan.waiting.iter().any(|(seq, i)| {
-                    matches!(i, Item::Stored(_)) && highest.is_none_or(|h| *seq <= h)
+                    matches!(i, Item::Waiting(_)) && highest.is_none_or(|h| *seq <= h)
                 })
             })
             .map(|a| a.account_id)
@@ -844,7 +845,7 @@ impl<'b> Work<'b> {
                 for (i, d) in self.decoded.iter().enumerate() {
                     let after = match holder {
                         Item::Batch(h) => i > h,
-                        Item::Stored(_) => true,
+                        Item::Waiting(_) => true,
                     };
                     let candidate = after
                         && self.dispositions[i] == Disposition::Duplicate
@@ -859,11 +860,11 @@ impl<'b> Work<'b> {
         best
     }
 
-    /// What became, in this pass, of stored events that came from `topic`/`partition`
+    /// What became, in this pass, of waiting events that came from `topic`/`partition`
     /// (waiting events an earlier pass of the same batch stored): by offset.
-    pub(crate) fn stored_outcomes(&self) -> Vec<(i64, Disposition)> {
+    pub(crate) fn waiting_outcomes(&self) -> Vec<(i64, Disposition)> {
         let mut out = Vec::new();
-        for (i, s) in self.stored.iter().enumerate() {
+        for (i, s) in self.waiting.iter().enumerate() {
             if s.topic != self.topic || s.partition != self.partition {
                 continue;
             }
@@ -877,11 +878,11 @@ impl<'b> Work<'b> {
                     .plan
                     .emitted
                     .iter()
-                    .position(|(_, item)| *item == Item::Stored(i))
+                    .position(|(_, item)| *item == Item::Waiting(i))
                 {
                     let d = if failed.contains(&k) {
                         Disposition::DeadLettered
-                    } else if self.sends(Item::Stored(i)) {
+                    } else if self.sends(Item::Waiting(i)) {
                         Disposition::Applied
                     } else {
                         Disposition::Ignored
@@ -892,7 +893,7 @@ impl<'b> Work<'b> {
                     .plan
                     .stale
                     .iter()
-                    .any(|(_, item)| *item == Item::Stored(i))
+                    .any(|(_, item)| *item == Item::Waiting(i))
                 {
                     out.push((s.message.offset, Disposition::Duplicate));
                 }
