@@ -567,8 +567,8 @@ impl Applier {
                 batch.partition,
                 &batch.messages[run.clone()],
                 &decoded[run],
-            );
-            work.extra_accounts = pass.drain.clone();
+            )
+            .draining(pass.drain.clone());
             // 2. Fence (the first pass), lock and load the accounts.
             let states = self
                 .fence_and_load(tx, batch, &statements, &mut work, pass.first)
@@ -596,7 +596,7 @@ impl Applier {
                 .await?;
             let written = Written {
                 counts,
-                dispositions: &work.dispositions,
+                dispositions: work.dispositions(),
                 earlier: work.waiting_outcomes(),
                 more_to_drain: work.more_to_drain(),
             };
@@ -660,14 +660,14 @@ impl Applier {
                     })
                 }
             }
-            work.live = live;
+            work.set_live(live);
             states
         } else {
             let (live, states) = futures::try_join!(
                 self.is_live(tx, is_live),
                 self.load_accounts(tx, account_statements, &accounts)
             )?;
-            work.live = live;
+            work.set_live(live);
             states
         };
         Ok(states)
@@ -989,19 +989,21 @@ impl Applier {
         Ok(states)
     }
 
-    /// Adds waiting events, as rows of [`queries::LOAD_WAITING`], to the work.
-    fn push_waiting(&self, work: &mut Work<'_>, rows: Vec<tokio_postgres::Row>) {
-        for row in rows {
-            let message = Message::new(row.get(5), row.get(6), row.get::<_, Vec<u8>>(7));
-            work.waiting.push(WaitingEvent {
-                account_id: row.get(0),
-                seq: row.get(1),
-                topic: row.get(3),
-                partition: row.get(4),
-                decoded: self.decode(&message),
-                message,
-            });
-        }
+    /// Waiting events, from rows of [`queries::LOAD_WAITING`], each decoded again.
+    fn waiting_events(&self, rows: Vec<tokio_postgres::Row>) -> Vec<WaitingEvent> {
+        rows.into_iter()
+            .map(|row| {
+                let message = Message::new(row.get(5), row.get(6), row.get::<_, Vec<u8>>(7));
+                WaitingEvent {
+                    account_id: row.get(0),
+                    seq: row.get(1),
+                    topic: row.get(3),
+                    partition: row.get(4),
+                    decoded: self.decode(&message),
+                    message,
+                }
+            })
+            .collect()
     }
 
     /// Decides, per account, what is applied now, what is a duplicate or a conflict, and
@@ -1027,23 +1029,7 @@ impl Applier {
                 )
                 .await
                 .map_err(self.db("loading waiting events"))?;
-            let mut loaded: HashMap<i64, i64> = HashMap::new();
-            for row in &rows {
-                *loaded.entry(row.get(0)).or_default() += 1;
-            }
-            work.truncated = loaded
-                .into_iter()
-                .filter(|(_, n)| *n >= DRAIN_LIMIT)
-                .map(|(a, _)| a)
-                .collect();
-            for row in &rows {
-                if work.truncated.contains(&row.get::<_, i64>(0)) {
-                    let seq: i64 = row.get(1);
-                    let highest = work.loaded_to.entry(row.get(0)).or_insert(seq);
-                    *highest = (*highest).max(seq);
-                }
-            }
-            self.push_waiting(work, rows);
+            work.load_waiting(self.waiting_events(rows), DRAIN_LIMIT);
             // A batch event past what was loaded of its account may land on a `seq` that
             // an event already waits at: that one is loaded too, so that the sequencer
             // judges the two by their ids (a duplicate, or a conflict).
@@ -1056,7 +1042,7 @@ impl Applier {
                     )
                     .await
                     .map_err(self.db("loading waiting events"))?;
-                self.push_waiting(work, rows);
+                work.add_waiting(self.waiting_events(rows));
             }
         }
         work.sequence(states, self.tracking == Tracking::Seq);
@@ -1140,7 +1126,7 @@ impl Applier {
                 "an order-independent view applies an event at or below the highest seq it has applied for the account, which its inbox does not know: a copy stamped with another occurred_at, a copy whose day was pruned, or events published out of order; it is counted (below_seen) and likely applied twice (see docs/operations.md)"
             );
         }
-        work.counts.below_seen += counted;
+        work.counts_mut().below_seen += counted;
         Ok(())
     }
 }

@@ -25,7 +25,7 @@ pub(crate) struct Pass {
     /// accounts first.
     pub run: Range<usize>,
     /// Accounts planned although the run holds none of their events: what waits for them
-    /// drains ([`super::plan::Work::drain`]). Only a pass without messages has any.
+    /// drains ([`super::plan::Work::draining`]). Only a pass without messages has any.
     pub drain: Vec<i64>,
     /// The batch's first pass: it locks the partition's offset row and checks the fence.
     pub first: bool,

@@ -165,37 +165,40 @@ pub(crate) struct Conflict {
     pub error: String,
 }
 
-/// Everything known about a batch while it is being applied.
+/// Everything known about a batch while it is being applied. Its fields are its own: the
+/// steps that load, run and record it read what they need through the methods below, and
+/// change it only through the few that say what they do (the waiting events loaded, whether
+/// the version is live, a statement's failure, the counts of what ran).
 #[derive(Debug)]
 pub(crate) struct Work<'b> {
     /// The topic and partition of the batch's messages.
-    pub topic: &'b str,
-    pub partition: i32,
+    topic: &'b str,
+    partition: i32,
     /// The messages of this pass over the batch (the whole batch, usually), borrowed: a pass
     /// copies none of them.
-    pub messages: &'b [Message],
+    messages: &'b [Message],
     /// Each message decoded, index for index.
-    pub decoded: &'b [Decoded],
+    decoded: &'b [Decoded],
     /// The waiting events loaded for the pass's accounts, which [`Item::Waiting`] indexes.
-    pub waiting: Vec<WaitingEvent>,
-    pub accounts: Vec<AccountWork>,
-    pub dispositions: Vec<Disposition>,
-    pub conflicts: Vec<Conflict>,
+    waiting: Vec<WaitingEvent>,
+    accounts: Vec<AccountWork>,
+    dispositions: Vec<Disposition>,
+    conflicts: Vec<Conflict>,
     /// Emitted events whose event id an earlier emitted event of this batch already carries,
     /// each with that first carrier: one statement must not see an event twice, and the
     /// first one applies it.
-    pub repeats: HashMap<Item, Item>,
-    pub counts: Counts,
+    repeats: HashMap<Item, Item>,
+    counts: Counts,
     /// This version is live and its view emits notices: events past the boundary may emit.
-    pub live: bool,
+    live: bool,
     /// Accounts to plan although the batch holds none of their events: a repair drains
     /// what waits for them.
-    pub extra_accounts: Vec<i64>,
+    extra_accounts: Vec<i64>,
     /// Accounts with more waiting events than were loaded.
-    pub truncated: HashSet<i64>,
+    truncated: HashSet<i64>,
     /// For each truncated account, the highest `seq` of the lowest ones loaded: a stored
     /// event above it was loaded only because a batch event claims its `seq`.
-    pub loaded_to: HashMap<i64, i64>,
+    loaded_to: HashMap<i64, i64>,
 }
 
 impl<'b> Work<'b> {
@@ -235,6 +238,114 @@ impl<'b> Work<'b> {
                 ..Counts::default()
             },
         }
+    }
+
+    /// This work, also planning `accounts` although it holds none of their events: what
+    /// waits for them drains (a pass or a repair that drains accounts).
+    pub(crate) fn draining(mut self, accounts: Vec<i64>) -> Self {
+        self.extra_accounts = accounts;
+        self
+    }
+
+    /// The topic of the batch's messages.
+    pub(crate) fn topic(&self) -> &'b str {
+        self.topic
+    }
+
+    /// The partition of the batch's messages.
+    pub(crate) fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    /// Each message of the pass, decoded.
+    pub(crate) fn decoded(&self) -> &'b [Decoded] {
+        self.decoded
+    }
+
+    /// What became of each message of the pass.
+    pub(crate) fn dispositions(&self) -> &[Disposition] {
+        &self.dispositions
+    }
+
+    /// Each account's work, once sequenced.
+    pub(crate) fn accounts(&self) -> &[AccountWork] {
+        &self.accounts
+    }
+
+    /// The batch events that claim a `seq` another event holds.
+    pub(crate) fn conflicts(&self) -> &[Conflict] {
+        &self.conflicts
+    }
+
+    /// The counts so far.
+    pub(crate) fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    /// The counts, for the statements and lookups that count what they did.
+    pub(crate) fn counts_mut(&mut self) -> &mut Counts {
+        &mut self.counts
+    }
+
+    /// Whether this version is live and its view emits notices.
+    pub(crate) fn live(&self) -> bool {
+        self.live
+    }
+
+    /// Says whether this version is live and its view emits notices, as read in the batch's
+    /// transaction.
+    pub(crate) fn set_live(&mut self, live: bool) {
+        self.live = live;
+    }
+
+    /// A loaded waiting event, by its index ([`Item::Waiting`]).
+    pub(crate) fn waiting_event(&self, i: usize) -> &WaitingEvent {
+        &self.waiting[i]
+    }
+
+    /// The first carrier of an emitted event's id, when an earlier emitted event of the batch
+    /// carries it ([`Work::mark_repeated_ids`]).
+    pub(crate) fn repeat_of(&self, item: Item) -> Option<Item> {
+        self.repeats.get(&item).copied()
+    }
+
+    /// Whether more waiting events of `account` were left than were loaded.
+    pub(crate) fn is_truncated(&self, account: i64) -> bool {
+        self.truncated.contains(&account)
+    }
+
+    /// Records that the statement failed on the `k`-th emitted event of account `a` (an index
+    /// into [`Work::accounts`]), with the database's `error`.
+    pub(crate) fn fail(&mut self, a: usize, k: usize, error: String) {
+        self.accounts[a].failures.push((k, error));
+    }
+
+    /// Adds the waiting events of the pass's parked accounts, loaded at most `limit` per
+    /// account: an account with `limit` of them loaded has more (it is truncated), and the
+    /// highest `seq` of those loaded is remembered ([`Work::beyond_loaded`]).
+    pub(crate) fn load_waiting(&mut self, events: Vec<WaitingEvent>, limit: i64) {
+        let mut loaded: HashMap<i64, i64> = HashMap::new();
+        for e in &events {
+            *loaded.entry(e.account_id).or_default() += 1;
+        }
+        self.truncated = loaded
+            .into_iter()
+            .filter(|(_, n)| *n >= limit)
+            .map(|(a, _)| a)
+            .collect();
+        for e in &events {
+            if self.truncated.contains(&e.account_id) {
+                let highest = self.loaded_to.entry(e.account_id).or_insert(e.seq);
+                *highest = (*highest).max(e.seq);
+            }
+        }
+        self.waiting.extend(events);
+    }
+
+    /// Adds waiting events loaded because a batch event claims their `seq`, past what
+    /// [`Work::load_waiting`] loaded of their account.
+    pub(crate) fn add_waiting(&mut self, events: Vec<WaitingEvent>) {
+        self.waiting.extend(events);
     }
 
     /// The distinct accounts of the batch's sound events, sorted (the lock order).
@@ -1043,6 +1154,63 @@ mod tests {
         );
         assert_eq!(w.counts.dup_inbox, 1);
         assert_eq!(w.dispositions[1], Disposition::Duplicate);
+    }
+
+    #[test]
+    fn an_account_with_as_many_waiting_as_loaded_has_more_to_drain() {
+        // Account 1 waits at seqs 3 and 4 (two loaded, the limit: more wait); account 2 at 5
+        // (one loaded: all of them).
+        let waiting_batch = batch(&[f(1, 3), f(1, 4), f(2, 5)]);
+        let waiting: Vec<WaitingEvent> = waiting_batch
+            .messages
+            .iter()
+            .zip(decoded(&waiting_batch))
+            .map(|(m, d)| {
+                let ev = d.event().expect("sound").clone();
+                WaitingEvent {
+                    account_id: ev.account_id,
+                    seq: ev.seq,
+                    topic: "t".to_owned(),
+                    partition: 0,
+                    message: m.clone(),
+                    decoded: d,
+                }
+            })
+            .collect();
+        // The batch brings account 1's seq 2 and 9, account 2's seq 4.
+        let b = batch(&[f(1, 2), f(1, 9), f(2, 4)]);
+        let d = decoded(&b);
+        let mut w = Work::new(&b, &d);
+        w.load_waiting(waiting, 2);
+        assert!(w.is_truncated(1) && !w.is_truncated(2));
+        assert_eq!(
+            w.beyond_loaded(),
+            (vec![1], vec![9]),
+            "an event may already wait at seq 9 of account 1; account 2 is loaded whole"
+        );
+        let states = [
+            (
+                1,
+                AccountState {
+                    last_seq: 1,
+                    blocked: Some(2),
+                    ..AccountState::default()
+                },
+            ),
+            (
+                2,
+                AccountState {
+                    last_seq: 3,
+                    blocked: Some(4),
+                    ..AccountState::default()
+                },
+            ),
+        ];
+        w.sequence(states.into(), true);
+        w.settle(true);
+        assert_eq!(w.more_to_drain(), [1], "every loaded one of account 1 left");
+        assert_eq!(w.counts().drained, 3);
+        assert_eq!(w.waiting_event(2).seq, 5);
     }
 
     #[test]
