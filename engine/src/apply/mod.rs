@@ -13,6 +13,10 @@
 //! 5. Write dead letters, waiting events, parks, progress and the fenced offset update,
 //!    pipelined ([`bookkeeping`]), and commit.
 //!
+//! Steps 2 to 5 run once per pass over the batch: usually one. A correction of an event whose
+//! statement failed ends a pass before it, undone and run again up to there (`passes`); the
+//! offset moves with the last pass.
+//!
 //! # Layout
 //!
 //! - [`types`]: batches, dispositions, counts and errors: what goes in and comes out.
