@@ -1,6 +1,6 @@
 //! `projector inbox prune`: inbox retention, whole days of the inbox dropped once every
 //! consumer with rows in them has read the log a window past them, each on its own clock
-//! (`projector_engine::ops::clock`), refusing a window shorter than the configured minimum or
+//! (`projector_ops::clock`), refusing a window shorter than the configured minimum or
 //! than the topic's retention.
 
 use std::collections::BTreeSet;
@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 use projector_engine::kafka::source::KafkaConfig;
-use projector_engine::ops::clock::{self, ConsumerClock};
-use projector_engine::ops::prune::{
+use projector_ops::clock::{self, ConsumerClock};
+use projector_ops::prune::{
     check_retention, humanize, prune_inbox, DayOutcome, LegacyOutcome, PruneOptions,
     DEFAULT_MIN_WINDOW,
 };
-use projector_engine::ops::topic::retention;
+use projector_ops::topic::retention;
 
 use crate::config::{parse_duration, parse_property, File};
 
@@ -74,7 +74,7 @@ pub async fn run(command: Command, database_url: Option<String>) -> anyhow::Resu
         min_window,
     };
     // Refused before connecting: a wrong window is a mistake whatever the database holds.
-    projector_engine::ops::prune::check_window(&options)?;
+    projector_ops::prune::check_window(&options)?;
     let topic = args.topic.or(file.topic.clone());
     let kafka = args.brokers.or(file.brokers.clone()).map(|brokers| {
         crate::logging::redact_properties(args.properties.iter().map(|(k, v)| (k, v)));

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use chrono::{DateTime, Utc};
-use projector_engine::ops::reconcile::{parse_threshold, reconcile, ReconcileSpec};
 use projector_engine::Registry;
+use projector_ops::reconcile::{parse_threshold, reconcile, ReconcileSpec};
 
 use crate::config::parse_duration;
 

@@ -147,8 +147,8 @@ async fn start_monitoring(
     local: projector_engine::processes::Local,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Monitoring> {
-    use projector_engine::ops::monitor::{run_monitor, Assessment, MonitorOptions};
-    use projector_engine::ops::{HealthRule, StatusOptions, TopicProbe};
+    use projector_ops::monitor::{run_monitor, Assessment, MonitorOptions};
+    use projector_ops::{HealthRule, StatusOptions, TopicProbe};
     let stop = shutdown.child_token();
     let addr = listener
         .local_addr()

@@ -13,7 +13,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
-use projector_engine::ops::monitor::Assessment;
+use projector_ops::monitor::Assessment;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -39,7 +39,7 @@ pub fn install_recorder(gauge_ttl: Duration) -> anyhow::Result<PrometheusHandle>
             "cannot install the Prometheus recorder (another metrics recorder is installed); \
              pass --metrics-addr off",
         )?;
-    projector_engine::ops::describe_metrics();
+    projector_ops::describe_metrics();
     Ok(handle)
 }
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
-use projector_engine::ops::health::human_seconds;
-use projector_engine::ops::status::{nonzero, Status, VersionStatus};
-use projector_engine::ops::{collect, HealthRule, Severity, StatusOptions, TopicProbe};
+use projector_ops::health::human_seconds;
+use projector_ops::status::{nonzero, Status, VersionStatus};
+use projector_ops::{collect, HealthRule, Severity, StatusOptions, TopicProbe};
 
 use crate::config::{kafka_config, parse_duration, parse_property, stall_after, File};
 

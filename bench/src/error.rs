@@ -59,7 +59,7 @@ pub enum BenchError {
     Rebuild(#[from] projector_rebuild::RebuildError),
     /// The prune phase's prune failed.
     #[error(transparent)]
-    Ops(#[from] projector_engine::ops::OpsError),
+    Ops(#[from] projector_ops::OpsError),
     /// A task of the bench panicked or was cancelled.
     #[error(transparent)]
     Task(#[from] tokio::task::JoinError),

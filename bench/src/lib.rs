@@ -1225,8 +1225,8 @@ struct Pruned {
 /// today's), and checks that it alone went. Each consumer's clock is its last commit (no
 /// log is read: every consumer here is caught up).
 async fn prune_oldest_day(pool: &Pool) -> Result<Pruned, BenchError> {
-    use projector_engine::ops::clock::{self, ConsumerClock};
-    use projector_engine::ops::prune::{prune_inbox, DayOutcome, PruneOptions};
+    use projector_ops::clock::{self, ConsumerClock};
+    use projector_ops::prune::{prune_inbox, DayOutcome, PruneOptions};
 
     let mut client = pool.get().await?;
     let facts = clock::facts(&client).await?;

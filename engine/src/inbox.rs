@@ -18,11 +18,11 @@
 //! again, so no event can wait for a partition, or fail for want of one, for longer than a
 //! retry.
 //!
-//! Who drops them: `projector inbox prune` (`ops::prune`), a whole day at a time, once every
-//! consumer with rows in it has read the log a window past the day's end and past the day's
-//! latest late write ([`mark_late_in`]). A batch that writes into a day that has already ended
-//! records it in `projector.inbox_late_writes` in its own transaction: a row written late must
-//! live a whole window too.
+//! Who drops them: `projector inbox prune` (`projector_ops::prune`), a whole day at a time,
+//! once every consumer with rows in it has read the log a window past the day's end and past
+//! the day's latest late write ([`mark_late_in`]). A batch that writes into a day that has
+//! already ended records it in `projector.inbox_late_writes` in its own transaction: a row
+//! written late must live a whole window too.
 //!
 //! The DDL takes [`DDL_LOCK`], so creators and droppers take turns: ATTACH and DETACH
 //! CONCURRENTLY take a SHARE UPDATE EXCLUSIVE lock on `projector.inbox`, which never waits for
@@ -225,7 +225,7 @@ async fn create_in(
 /// Attaches `day`'s table again, rows and all, inside the caller's transaction, which must hold
 /// [`DDL_LOCK`]: a prune that detached it found rows it may not drop after all, or stopped
 /// half-way.
-pub(crate) async fn attach_again(
+pub async fn attach_again(
     client: &impl GenericClient,
     day: NaiveDate,
 ) -> Result<(), tokio_postgres::Error> {
@@ -233,7 +233,7 @@ pub(crate) async fn attach_again(
 }
 
 /// Finishes a detach that stopped in the middle: the table leaves `projector.inbox` for good.
-pub(crate) async fn finalize_detach(
+pub async fn finalize_detach(
     client: &impl GenericClient,
     day: NaiveDate,
 ) -> Result<(), tokio_postgres::Error> {
@@ -388,7 +388,7 @@ async fn retained_from(
 
 /// Moves the first day of the retained window past `dropped` (a day a prune dropped), never
 /// back.
-pub(crate) async fn retain_from_after(
+pub async fn retain_from_after(
     client: &impl GenericClient,
     dropped: NaiveDate,
 ) -> Result<(), tokio_postgres::Error> {
@@ -480,7 +480,7 @@ pub async fn ensure_ahead(
 
 /// Records, in the caller's transaction (a batch's), that `consumer` wrote into days that
 /// have already ended, reading `topic`/`partition`: retention keeps each such day a whole
-/// window past this write ([`crate::ops::prune`]). One row per day, consumer and partition,
+/// window past this write (`projector_ops::prune`). One row per day, consumer and partition,
 /// so that two workers never wait for each other here.
 pub async fn mark_late_in(
     client: &impl GenericClient,

@@ -28,8 +28,9 @@
 //! - [`processes`]: which process consumes, fails to start or skips which version.
 //! - [`schema`]: the engine's migrations and view installation (`projector migrate`).
 //! - [`sql_view`]: views written as `.sql` files, loaded at start without compiling.
-//! - [`ops`]: status, the health rule, gauges, inbox retention, reconciliation.
-//! - `metrics` (private): counters through the `metrics` facade.
+//! - [`metrics`]: counters and a histogram through the `metrics` facade, recorded by the apply
+//!   path. Operations (status, the health rule, gauges, inbox retention, reconciliation) are
+//!   the `projector-ops` crate's; the engine does not depend on it.
 //! - `testkit` (feature `testkit`): a database per test, and the conformance suite every
 //!   projection must pass.
 
@@ -41,8 +42,7 @@ mod field;
 pub mod fingerprint;
 pub mod inbox;
 pub mod kafka;
-mod metrics;
-pub mod ops;
+pub mod metrics;
 pub mod processes;
 pub mod projection;
 pub mod queries;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use projector_engine::event::salvage;
 use projector_engine::kafka::source::KafkaConfig;
-use projector_engine::ops::topic::partitions_of;
+use projector_ops::topic::partitions_of;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message as _;

@@ -14,11 +14,11 @@ use chrono::{DateTime, NaiveDate, Utc};
 
 use projector_devkit::devbroker::DevBroker;
 use projector_engine::inbox;
-use projector_engine::ops::prune::{prune_inbox, DayOutcome, PruneOptions};
-use projector_engine::ops::status::{collect, StatusOptions};
-use projector_engine::ops::{clock, ProblemKind, TopicProbe};
 use projector_engine::testkit::{fill, EventSpec, Partition, TestDb};
 use projector_engine::{Applier, Disposition, Registry, SourceOrdering};
+use projector_ops::prune::{prune_inbox, DayOutcome, PruneOptions};
+use projector_ops::status::{collect, StatusOptions};
+use projector_ops::{clock, ProblemKind, TopicProbe};
 
 use crate::support::kafka::config;
 use crate::support::{lock_waiters, offsets, rows, tally_fold, Tally, Trail};
@@ -348,7 +348,7 @@ async fn a_binary_from_before_the_layout_cannot_delete_another_consumers_inbox_r
 /// for ever for a consumer that will never commit again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_version_has_no_rows_in_a_day_a_stopped_prune_left_detached() {
-    use projector_engine::ops::{clock, prune};
+    use projector_ops::{clock, prune};
     let registry = Registry::new().register(Trail::new(1)).expect("registry");
     let db = TestDb::new(&registry).await;
     let mut client = db.client().await;

@@ -14,10 +14,10 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use projector_engine::inbox;
-use projector_engine::ops::prune::{prune_inbox, DayOutcome, PruneOptions};
 use projector_engine::testkit::conformance::dump;
 use projector_engine::testkit::{fill, EventSpec, Partition, TestDb};
 use projector_engine::{migrate, Applier, Disposition, Projection, Registry, SourceOrdering};
+use projector_ops::prune::{prune_inbox, DayOutcome, PruneOptions};
 
 use crate::support::{offsets, tally_fold, trail_fold, Tally, Trail};
 
@@ -510,7 +510,7 @@ async fn run_schedule(
                     .await
                     .expect("age the older day's writes");
                 // Every consumer with rows (the cases share a database) at its latest commit.
-                let (clocks, _) = projector_engine::ops::clock::clocks(&client, None)
+                let (clocks, _) = projector_ops::clock::clocks(&client, None)
                     .await
                     .expect("clocks");
                 prop_assert!(clocks.iter().any(|c| c.consumer == consumer));

@@ -15,11 +15,11 @@ use crate::support::{eventually, fills, offsets, with_options};
 use projector_devkit::devbroker::DevBroker;
 use projector_engine::kafka::source::NoObserver;
 use projector_engine::kafka::supervisor::{run_live, LiveOptions};
-use projector_engine::ops::status::{collect, Status, StatusOptions};
-use projector_engine::ops::{ProblemKind, Severity, TopicProbe};
 use projector_engine::testkit::conformance::dump;
 use projector_engine::testkit::{consume, EventSpec, Partition, TestDb};
 use projector_engine::{Applier, ApplySql, Projection, Registry, SourceOrdering};
+use projector_ops::status::{collect, Status, StatusOptions};
+use projector_ops::{ProblemKind, Severity, TopicProbe};
 use projector_views::Portfolio;
 use tokio_util::sync::CancellationToken;
 

@@ -14,10 +14,10 @@ use crate::support::{eventually, fills, offsets, with_options, within};
 use projector_devkit::devbroker::DevBroker;
 use projector_engine::kafka::source::NoObserver;
 use projector_engine::kafka::supervisor::{run_live, LiveOptions};
-use projector_engine::ops::status::{collect, Status, StatusOptions};
-use projector_engine::ops::{ProblemKind, Severity, TopicProbe};
 use projector_engine::testkit::TestDb;
 use projector_engine::{ApplySql, Projection, Registry};
+use projector_ops::status::{collect, Status, StatusOptions};
+use projector_ops::{ProblemKind, Severity, TopicProbe};
 use projector_views::Portfolio;
 use tokio_util::sync::CancellationToken;
 

@@ -18,13 +18,11 @@ use chrono::{DateTime, NaiveDate, Utc};
 use futures::SinkExt;
 use projector_devkit::devbroker::DevBroker;
 use projector_engine::inbox::{self, Days};
-use projector_engine::ops::clock;
-use projector_engine::ops::prune::{
-    check_window, prune_inbox, DayOutcome, LegacyOutcome, PruneOptions,
-};
 use projector_engine::testkit::conformance::dump;
 use projector_engine::testkit::{consume, EventSpec, Partition, TestDb};
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
+use projector_ops::clock;
+use projector_ops::prune::{check_window, prune_inbox, DayOutcome, LegacyOutcome, PruneOptions};
 use projector_rebuild::{Cutover, Options, Outcome, Source, Status};
 use tokio_util::sync::CancellationToken;
 

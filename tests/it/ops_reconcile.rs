@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use projector_engine::ops::reconcile::{reconcile, ReconcileSpec};
 use projector_engine::testkit::{consume, fill, EventSpec, Partition, TestDb};
 use projector_engine::{Applier, ApplySql, DedupMode, Projection, Registry, SourceOrdering};
+use projector_ops::reconcile::{reconcile, ReconcileSpec};
 
 use crate::support::process::run_to_end;
 

@@ -11,11 +11,9 @@ use crate::support::broker::Broker;
 use crate::support::process::run_to_end;
 use crate::support::Trail;
 use projector_engine::kafka::source::KafkaConfig;
-use projector_engine::ops::{
-    collect, HealthRule, ProblemKind, Severity, StatusOptions, TopicProbe,
-};
 use projector_engine::testkit::{fill, Partition, TestDb};
 use projector_engine::{Applier, Registry, SourceOrdering};
+use projector_ops::{collect, HealthRule, ProblemKind, Severity, StatusOptions, TopicProbe};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 

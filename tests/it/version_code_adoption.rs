@@ -11,10 +11,10 @@ use crate::support::{eventually, fills, offsets, with_options};
 use projector_devkit::devbroker::DevBroker;
 use projector_engine::kafka::source::NoObserver;
 use projector_engine::kafka::supervisor::{run_live, LiveOptions};
-use projector_engine::ops::status::{collect, StatusOptions};
-use projector_engine::ops::TopicProbe;
 use projector_engine::testkit::TestDb;
 use projector_engine::{Projection, Registry};
+use projector_ops::status::{collect, StatusOptions};
+use projector_ops::TopicProbe;
 use projector_views::Portfolio;
 use tokio_util::sync::CancellationToken;
 

@@ -56,7 +56,7 @@ pub struct LiveOptions {
     /// after `restart_first`.
     pub restart_max: Duration,
     /// Where the service says what it runs, for the process's own monitor to judge
-    /// (`ops::StatusOptions::local`) whether or not its heartbeat reaches PostgreSQL;
+    /// (`projector_ops::StatusOptions::local`) whether or not its heartbeat reaches PostgreSQL;
     /// `None`: a handle of its own.
     pub local: Option<Local>,
     /// Whether the process rings the read-your-writes bells after each committed batch

@@ -119,7 +119,7 @@ pub async fn run_monitor(
             tokio::time::timeout(options.timeout, collect(&pool, &probe, &options.status)).await;
         let assessment = match result {
             Ok(Ok(status)) => {
-                crate::metrics::publish_status(&status);
+                crate::gauges::publish_status(&status);
                 Assessment {
                     at: Instant::now(),
                     status: Some(Arc::new(status)),
@@ -136,7 +136,7 @@ pub async fn run_monitor(
             tracing::warn!(problems = ?assessment.body(Instant::now(), Duration::MAX).problems, "unhealthy");
         }
         if assessment.status.is_none() {
-            crate::metrics::publish_unhealthy();
+            crate::gauges::publish_unhealthy();
         }
         out.send_replace(assessment);
     }
