@@ -147,17 +147,19 @@ async fn start_monitoring(
     local: projector_engine::processes::Local,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Monitoring> {
+    use projector_engine::kafka::log::{LogReader, Reading};
     use projector_ops::monitor::{run_monitor, Assessment, MonitorOptions};
-    use projector_ops::{HealthRule, StatusOptions, TopicProbe};
+    use projector_ops::{HealthRule, StatusOptions};
     let stop = shutdown.child_token();
     let addr = listener
         .local_addr()
         .context("the metrics endpoint's address")?;
     // Its own pool: a busy apply path never delays the health check.
     let pool = projector_engine::db::pool(&config.database_url, 2)?;
-    let probe = Arc::new(TopicProbe::connect(
+    let probe = Arc::new(LogReader::connect(
         &config.kafka,
         std::time::Duration::from_secs(5),
+        Reading::Samples,
     )?);
     let options = MonitorOptions {
         status: StatusOptions {

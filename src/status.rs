@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
+use projector_engine::kafka::log::{LogReader, Reading};
 use projector_ops::health::human_seconds;
 use projector_ops::status::{nonzero, Status, VersionStatus};
-use projector_ops::{collect, HealthRule, Severity, StatusOptions, TopicProbe};
+use projector_ops::{collect, HealthRule, Severity, StatusOptions};
 
 use crate::config::{kafka_config, parse_duration, parse_property, stall_after, File};
 
@@ -61,7 +62,7 @@ pub async fn run(args: Args, database_url: Option<String>) -> anyhow::Result<boo
         .unwrap_or_else(|| crate::config::DEFAULT_DATABASE_URL.to_owned());
     let pool = projector_engine::db::pool(&url, 2)?;
     let probe = Arc::new(
-        TopicProbe::connect(&kafka, Duration::from_secs(5))
+        LogReader::connect(&kafka, Duration::from_secs(5), Reading::Samples)
             .context("cannot create a Kafka client")?,
     );
     let options = StatusOptions {

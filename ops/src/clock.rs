@@ -53,7 +53,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Client;
 
 use super::error::{pg, OpsError};
-use super::topic::{Extent, TopicProbe};
+use crate::kafka::log::{Extent, LogReader, Reading};
 use crate::kafka::source::KafkaConfig;
 
 /// One committed partition of a consumer, as `projector.offsets` has it.
@@ -403,7 +403,8 @@ pub fn read_log(kafka: &KafkaConfig, facts: &[Facts], timeout: Duration) -> (Log
     for topic in topics {
         let mut config = kafka.clone();
         config.topic = topic.to_owned();
-        let read = TopicProbe::connect(&config, timeout).and_then(|p| Ok((p.extents()?, p)));
+        let read = LogReader::connect(&config, timeout, Reading::Samples)
+            .and_then(|p| Ok((p.extents()?, p)));
         match read {
             Ok((e, probe)) => {
                 extents.insert(topic.to_owned(), e);

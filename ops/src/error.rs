@@ -1,3 +1,4 @@
+use projector_engine::kafka::log::LogError;
 use rdkafka::error::KafkaError;
 
 /// Why an operations command or check failed.
@@ -37,6 +38,17 @@ pub enum OpsError {
     /// A request the command refuses, with the reason in one line.
     #[error("{0}")]
     Refused(String),
+}
+
+/// The log reader's errors, in operations' words: the same as when ops had a reader of its own.
+impl From<LogError> for OpsError {
+    fn from(e: LogError) -> Self {
+        match e {
+            LogError::Kafka { doing, source } => OpsError::Kafka { doing, source },
+            LogError::NoTopic(topic) => OpsError::NoTopic(topic),
+            other => OpsError::Unanswered(other.to_string()),
+        }
+    }
 }
 
 pub(crate) fn pg(doing: &'static str) -> impl Fn(tokio_postgres::Error) -> OpsError {

@@ -8,7 +8,8 @@
 //!   problems; `projector status` prints it, `projector run` publishes it.
 //! - [`health`]: the one health rule both use: no progress while input waits pages, a slow
 //!   but progressing view (or a rebuild) does not.
-//! - [`topic`]: the groupless Kafka client behind lag: watermarks and message times.
+//! - [`topic`]: how long the brokers keep a topic's messages. Lag (watermarks, message times)
+//!   is read by the engine's groupless `projector_engine::kafka::log::LogReader`.
 //! - [`monitor`]: the running process's periodic snapshot, gauges and `/health` answer.
 //! - [`gauges`]: the gauges set from each snapshot (the engine's counters are its own).
 //! - [`clock`]: each consumer's clock, up to when it has read the log: what inbox retention
@@ -33,7 +34,6 @@ pub mod topic;
 pub use error::OpsError;
 pub use health::{HealthRule, Problem, ProblemKind, Severity};
 pub use status::{collect, Status, StatusOptions};
-pub use topic::TopicProbe;
 
 /// Writes the help text of every metric a running process exports (the engine's counters
 /// and these gauges), for an exporter that shows it (Prometheus's `# HELP`). Call it once,

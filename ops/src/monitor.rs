@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::health::{Problem, ProblemKind, Severity};
 use super::status::{collect, Status, StatusOptions};
-use super::topic::TopicProbe;
+use crate::kafka::log::LogReader;
 
 /// How the monitor runs.
 #[derive(Debug, Clone)]
@@ -103,7 +103,7 @@ impl Assessment {
 /// delays the health check, and a stuck health check never takes a batch's connection.
 pub async fn run_monitor(
     pool: Pool,
-    probe: Arc<TopicProbe>,
+    probe: Arc<LogReader>,
     options: MonitorOptions,
     shutdown: CancellationToken,
     out: watch::Sender<Assessment>,

@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use super::error::{pg, OpsError};
 use super::health::{healthy, HealthRule, Problem, ProblemKind, Severity};
-use super::topic::{Extent, TopicProbe};
+use crate::kafka::log::{Extent, LogReader};
 
 /// The version of the JSON layout.
 pub const SCHEMA: u32 = 1;
@@ -382,7 +382,7 @@ struct DbState {
 /// an error is a statement that failed (an unmigrated database, say).
 pub async fn collect(
     pool: &Pool,
-    probe: &Arc<TopicProbe>,
+    probe: &Arc<LogReader>,
     options: &StatusOptions,
 ) -> Result<Status, OpsError> {
     let topic = probe.topic().to_owned();

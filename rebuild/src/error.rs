@@ -1,6 +1,7 @@
 //! Why a rebuild, a cutover, a retirement or a verification could not go on. Every message
 //! is one line that says what to do.
 
+use projector_engine::kafka::log::LogError;
 use projector_engine::ViewError;
 
 /// A rebuild's failure.
@@ -64,6 +65,18 @@ pub enum RebuildError {
     /// The tail stopped with an error.
     #[error("the tail stopped: {0}")]
     Tail(String),
+}
+
+/// The log reader's errors, in a rebuild's words.
+impl From<LogError> for RebuildError {
+    fn from(e: LogError) -> Self {
+        match e {
+            LogError::Kafka { doing, source } => RebuildError::Kafka { doing, source },
+            LogError::NoTopic(topic) => RebuildError::NoTopic(topic),
+            LogError::Timeout(partition) => RebuildError::LogTimeout(partition),
+            other => RebuildError::Tail(other.to_string()),
+        }
+    }
 }
 
 fn describe(e: &tokio_postgres::Error) -> String {

@@ -229,7 +229,7 @@ pub async fn rebuild(
                     progress.message("checking that the log starts at every account's first event");
                     let config = kafka.clone();
                     let start = tokio::task::spawn_blocking(move || {
-                        log::Log::connect(&config)?.check_start()
+                        log::check_start(&log::connect(&config)?)
                     })
                     .await
                     .map_err(|e| RebuildError::Tail(e.to_string()))??;

@@ -22,7 +22,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::IsolationLevel;
 
 use crate::error::{db, RebuildError};
-use crate::log::Log;
+use crate::log;
 
 /// What a snapshot seeded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,9 +51,11 @@ pub async fn from_snapshot(
     // the start earlier (brokers that do not answer it, like the dev broker, answer the end).
     let before = {
         let config = kafka.clone();
-        tokio::task::spawn_blocking(move || Log::connect(&config)?.extents())
-            .await
-            .map_err(|e| RebuildError::Tail(e.to_string()))??
+        tokio::task::spawn_blocking(move || {
+            log::connect(&config)?.extents().map_err(RebuildError::from)
+        })
+        .await
+        .map_err(|e| RebuildError::Tail(e.to_string()))??
     };
     let tx = client
         .build_transaction()
@@ -119,9 +121,13 @@ pub async fn from_snapshot(
     let from_ms =
         taken_at.timestamp_millis() - i64::try_from(margin.as_millis()).unwrap_or(i64::MAX);
     let config = kafka.clone();
-    let offsets = tokio::task::spawn_blocking(move || Log::connect(&config)?.offsets_at(from_ms))
-        .await
-        .map_err(|e| RebuildError::Tail(e.to_string()))??;
+    let offsets = tokio::task::spawn_blocking(move || {
+        log::connect(&config)?
+            .offsets_at(from_ms)
+            .map_err(RebuildError::from)
+    })
+    .await
+    .map_err(|e| RebuildError::Tail(e.to_string()))??;
     let (partitions, starts): (Vec<i32>, Vec<i64>) = offsets
         .iter()
         .map(|(p, o)| {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
+use projector_engine::kafka::log::{Extent, LogReader};
 use projector_engine::kafka::running::{self, Session};
 use projector_engine::kafka::source::{run_view, KafkaConfig, Observer, SourceError};
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
@@ -18,7 +19,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{db, RebuildError};
-use crate::log::{Extent, Log};
+use crate::log;
 use crate::state::{self, Cutover};
 use crate::{cutover, Options, Outcome};
 
@@ -258,7 +259,7 @@ pub(crate) async fn run(
     }
     let log = {
         let k = kafka.clone();
-        tokio::task::spawn_blocking(move || Log::connect(&k))
+        tokio::task::spawn_blocking(move || log::connect(&k))
             .await
             .map_err(|e| RebuildError::Tail(e.to_string()))??
     };
@@ -276,7 +277,7 @@ pub(crate) async fn run(
     let extents: Vec<Extent> = {
         let log = Arc::clone(&log);
         tokio::task::spawn_blocking(move || match log.lock() {
-            Ok(l) => l.extents(),
+            Ok(l) => l.extents().map_err(RebuildError::from),
             Err(_) => Err(RebuildError::Tail("the log client panicked".to_owned())),
         })
         .await
@@ -509,7 +510,7 @@ struct Overtaken {
 /// retention has overtaken.
 async fn measure(
     pool: &Pool,
-    log: &Arc<std::sync::Mutex<Log>>,
+    log: &Arc<std::sync::Mutex<LogReader>>,
     consumer: &str,
     paused: bool,
     last: &mut Option<(Instant, i64)>,
@@ -517,7 +518,7 @@ async fn measure(
     let extents: Vec<Extent> = {
         let log = Arc::clone(log);
         tokio::task::spawn_blocking(move || match log.lock() {
-            Ok(l) => l.extents(),
+            Ok(l) => l.extents().map_err(RebuildError::from),
             Err(_) => Err(RebuildError::Tail("the log client panicked".to_owned())),
         })
         .await

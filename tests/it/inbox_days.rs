@@ -14,11 +14,12 @@ use chrono::{DateTime, NaiveDate, Utc};
 
 use projector_devkit::devbroker::DevBroker;
 use projector_engine::inbox;
+use projector_engine::kafka::log::{LogReader, Reading};
 use projector_engine::testkit::{fill, EventSpec, Partition, TestDb};
 use projector_engine::{Applier, Disposition, Registry, SourceOrdering};
 use projector_ops::prune::{prune_inbox, DayOutcome, PruneOptions};
 use projector_ops::status::{collect, StatusOptions};
-use projector_ops::{clock, ProblemKind, TopicProbe};
+use projector_ops::{clock, ProblemKind};
 
 use crate::support::kafka::config;
 use crate::support::{lock_waiters, offsets, rows, tally_fold, Tally, Trail};
@@ -489,9 +490,10 @@ async fn status_warns_of_missing_days_ahead_though_a_far_day_was_made_for_one_ev
     }
     let broker = DevBroker::start(1, &[("fills", 1)]).expect("broker");
     let probe = Arc::new(
-        TopicProbe::connect(
+        LogReader::connect(
             &config(&broker.bootstrap_servers(), "fills"),
             Duration::from_secs(5),
+            Reading::Samples,
         )
         .expect("probe"),
     );

@@ -13,13 +13,14 @@ use crate::support::process::{http_get, run_output, wait_until, Projector};
 use crate::support::variant::Variant;
 use crate::support::{eventually, fills, offsets, with_options};
 use projector_devkit::devbroker::DevBroker;
+use projector_engine::kafka::log::{LogReader, Reading};
 use projector_engine::kafka::source::NoObserver;
 use projector_engine::kafka::supervisor::{run_live, LiveOptions};
 use projector_engine::testkit::conformance::dump;
 use projector_engine::testkit::{consume, EventSpec, Partition, TestDb};
 use projector_engine::{Applier, ApplySql, Projection, Registry, SourceOrdering};
 use projector_ops::status::{collect, Status, StatusOptions};
-use projector_ops::{ProblemKind, Severity, TopicProbe};
+use projector_ops::{ProblemKind, Severity};
 use projector_views::Portfolio;
 use tokio_util::sync::CancellationToken;
 
@@ -48,7 +49,12 @@ fn impatient_pool(db: &TestDb) -> deadpool_postgres::Pool {
 
 async fn status(db: &TestDb, bootstrap: &str) -> Status {
     let probe = Arc::new(
-        TopicProbe::connect(&config(bootstrap, TOPIC), Duration::from_secs(5)).expect("probe"),
+        LogReader::connect(
+            &config(bootstrap, TOPIC),
+            Duration::from_secs(5),
+            Reading::Samples,
+        )
+        .expect("probe"),
     );
     collect(db.pool(), &probe, &StatusOptions::default())
         .await

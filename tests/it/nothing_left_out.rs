@@ -12,12 +12,13 @@ use crate::support::process::{http_get, Projector};
 use crate::support::variant::Variant;
 use crate::support::{eventually, fills, offsets, with_options, within};
 use projector_devkit::devbroker::DevBroker;
+use projector_engine::kafka::log::{LogReader, Reading};
 use projector_engine::kafka::source::NoObserver;
 use projector_engine::kafka::supervisor::{run_live, LiveOptions};
 use projector_engine::testkit::TestDb;
 use projector_engine::{ApplySql, Projection, Registry};
 use projector_ops::status::{collect, Status, StatusOptions};
-use projector_ops::{ProblemKind, Severity, TopicProbe};
+use projector_ops::{ProblemKind, Severity};
 use projector_views::Portfolio;
 use tokio_util::sync::CancellationToken;
 
@@ -86,15 +87,19 @@ async fn lock_waiters(db: &TestDb) -> i64 {
 }
 
 struct Snapshots {
-    probe: Arc<TopicProbe>,
+    probe: Arc<LogReader>,
 }
 
 impl Snapshots {
     fn new(bootstrap: &str) -> Self {
         Self {
             probe: Arc::new(
-                TopicProbe::connect(&config(bootstrap, TOPIC), Duration::from_secs(5))
-                    .expect("probe"),
+                LogReader::connect(
+                    &config(bootstrap, TOPIC),
+                    Duration::from_secs(5),
+                    Reading::Samples,
+                )
+                .expect("probe"),
             ),
         }
     }

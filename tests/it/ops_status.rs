@@ -10,10 +10,11 @@ use std::time::Duration;
 use crate::support::broker::Broker;
 use crate::support::process::run_to_end;
 use crate::support::Trail;
+use projector_engine::kafka::log::{LogReader, Reading};
 use projector_engine::kafka::source::KafkaConfig;
 use projector_engine::testkit::{fill, Partition, TestDb};
 use projector_engine::{Applier, Registry, SourceOrdering};
-use projector_ops::{collect, HealthRule, ProblemKind, Severity, StatusOptions, TopicProbe};
+use projector_ops::{collect, HealthRule, ProblemKind, Severity, StatusOptions};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
@@ -97,7 +98,9 @@ async fn status_shows_lag_counters_parks_and_judges_health() {
         .expect("apply");
 
     let kafka = broker.config(&topic);
-    let probe = Arc::new(TopicProbe::connect(&kafka, Duration::from_secs(5)).expect("probe"));
+    let probe = Arc::new(
+        LogReader::connect(&kafka, Duration::from_secs(5), Reading::Samples).expect("probe"),
+    );
     let rule = Duration::from_secs(120);
     let status = collect(db.pool(), &probe, &options(rule))
         .await
@@ -284,9 +287,10 @@ async fn unreachable_kafka_or_postgres_is_unhealthy() {
     let db = TestDb::new(&registry).await;
     // Nothing listens on port 1.
     let probe = Arc::new(
-        TopicProbe::connect(
+        LogReader::connect(
             &KafkaConfig::new("127.0.0.1:1", "fills"),
             Duration::from_secs(1),
+            Reading::Samples,
         )
         .expect("a client, even without a broker"),
     );

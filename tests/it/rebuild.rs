@@ -26,7 +26,6 @@ use projector_engine::kafka::supervisor::{run_live, LiveOptions};
 use projector_engine::testkit::conformance::dump;
 use projector_engine::testkit::{cash, consume, fill, EventSpec, Lcg, Partition, TestDb};
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
-use projector_rebuild::log::Log;
 use projector_rebuild::tail::Silent;
 use projector_rebuild::{
     cutover, verify, Cutover, CutoverReport, Options, Outcome, RebuildError, Source,
@@ -451,13 +450,15 @@ impl Feed {
 /// Messages in the topic: the sum of its partitions' ends (it starts at 0).
 async fn topic_size(kafka: &Kafka) -> i64 {
     let config = kafka.config(&kafka.topic(TOPIC));
-    tokio::task::spawn_blocking(move || Log::connect(&config)?.extents())
-        .await
-        .expect("the log client")
-        .expect("the topic's extents")
-        .iter()
-        .map(|e| e.high)
-        .sum()
+    tokio::task::spawn_blocking(move || -> Result<_, projector_rebuild::RebuildError> {
+        Ok(projector_rebuild::log::connect(&config)?.extents()?)
+    })
+    .await
+    .expect("the log client")
+    .expect("the topic's extents")
+    .iter()
+    .map(|e| e.high)
+    .sum()
 }
 
 /// The fold of every distinct message in the topic, each partition in its order.
@@ -1153,7 +1154,7 @@ fn a_partition_trimmed_by_retention_is_named_in_the_refusal() {
         })
         .collect();
     rt.block_on(publish(&kafka, &kafka.topic(TOPIC), &events));
-    let low = projector_rebuild::log::Log::connect(&kafka.config(&kafka.topic(TOPIC)))
+    let low = projector_rebuild::log::connect(&kafka.config(&kafka.topic(TOPIC)))
         .expect("log")
         .extents()
         .expect("extents")[0]
@@ -1483,7 +1484,7 @@ async fn a_rebuild_that_retention_overtook_stops_instead_of_skipping() {
     // While the rebuild is stopped, retention drops the log past its position (the mock
     // cluster keeps about 5 MiB a partition).
     publish(&kafka, &kafka.topic(TOPIC), &memos()).await;
-    let low = projector_rebuild::log::Log::connect(&kafka.config(&kafka.topic(TOPIC)))
+    let low = projector_rebuild::log::connect(&kafka.config(&kafka.topic(TOPIC)))
         .expect("log")
         .extents()
         .expect("extents")[0]

@@ -9,12 +9,12 @@ use crate::support::kafka::{config, publish};
 use crate::support::variant::Variant;
 use crate::support::{eventually, fills, offsets, with_options};
 use projector_devkit::devbroker::DevBroker;
+use projector_engine::kafka::log::{LogReader, Reading};
 use projector_engine::kafka::source::NoObserver;
 use projector_engine::kafka::supervisor::{run_live, LiveOptions};
 use projector_engine::testkit::TestDb;
 use projector_engine::{Projection, Registry};
 use projector_ops::status::{collect, StatusOptions};
-use projector_ops::TopicProbe;
 use projector_views::Portfolio;
 use tokio_util::sync::CancellationToken;
 
@@ -99,7 +99,12 @@ async fn a_version_adopted_by_another_binary_meanwhile_is_left_alone() {
         },
     ));
     let probe = Arc::new(
-        TopicProbe::connect(&config(&bootstrap, TOPIC), Duration::from_secs(5)).expect("probe"),
+        LogReader::connect(
+            &config(&bootstrap, TOPIC),
+            Duration::from_secs(5),
+            Reading::Samples,
+        )
+        .expect("probe"),
     );
     let said = eventually(
         "this process to say what it does with portfolio_v2",
