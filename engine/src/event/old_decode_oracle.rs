@@ -726,3 +726,350 @@ fn messages_decode_as_the_old_decode_decoded_them() {
     }
     assert!(poison > 2_000, "{poison} poison");
 }
+
+// ---- The frozen corpus: written once from this oracle, then this file is deleted. ----
+
+fn bytes_json(bytes: &[u8]) -> serde_json::Value {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => serde_json::Value::from(s),
+        Err(_) => serde_json::json!({ "bytes": bytes }),
+    }
+}
+
+fn decimal_verdict(r: &Result<Decimal, DecodeError>) -> serde_json::Value {
+    match r {
+        Ok(d) => serde_json::json!({ "ok": format!("{}e-{}", d.mantissa(), d.scale()) }),
+        Err(e) => serde_json::json!({ "err": e.to_string() }),
+    }
+}
+
+fn event_verdict(r: &Result<Event, DecodeError>) -> serde_json::Value {
+    match r {
+        Ok(e) => serde_json::json!({ "ok": {
+            "event_id": e.event_id,
+            "type": e.event_type,
+            "type_version": e.type_version,
+            "account_id": e.account_id,
+            "seq": e.seq,
+            "occurred_at": e.occurred_at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            "data": e.data,
+        }}),
+        Err(e) => serde_json::json!({ "err": e.to_string() }),
+    }
+}
+
+/// The class of an error message, for sampling: its digits, quoted text and the end after
+/// a second colon left out, so "x is out of range" counts once whatever x is.
+pub(super) fn error_class(e: &str) -> String {
+    let mut out = String::new();
+    let mut quoted = false;
+    let mut last_digit = false;
+    for c in e.chars() {
+        if c == '"' {
+            quoted = !quoted;
+            if quoted {
+                out.push_str("\"…\"");
+            }
+            continue;
+        }
+        if quoted {
+            continue;
+        }
+        if c.is_ascii_digit() {
+            if !last_digit {
+                out.push('#');
+            }
+            last_digit = true;
+            continue;
+        }
+        last_digit = false;
+        out.push(c);
+    }
+    out.chars().take(90).collect()
+}
+
+/// What a sample keeps: up to `per_class` lines of each class, and then every `every`th.
+pub(super) struct Sampler {
+    seen: std::collections::BTreeMap<String, usize>,
+    per_class: usize,
+    every: usize,
+    n: usize,
+}
+
+impl Sampler {
+    pub(super) fn new(per_class: usize, every: usize) -> Self {
+        Self {
+            seen: Default::default(),
+            per_class,
+            every,
+            n: 0,
+        }
+    }
+    pub(super) fn keep(&mut self, class: String) -> bool {
+        self.n += 1;
+        let count = self.seen.entry(class).or_default();
+        *count += 1;
+        *count <= self.per_class || self.n % self.every == 0
+    }
+}
+
+fn shape(text: &str) -> String {
+    let first = match text.as_bytes().first() {
+        Some(b'"') => "string",
+        Some(b'-') => "negative",
+        Some(b'0'..=b'9') => "number",
+        _ => "other",
+    };
+    let mut s = first.to_owned();
+    for (needle, name) in [
+        ("e", "+e"),
+        ("E", "+E"),
+        (".", "+point"),
+        ("\\u", "+escape"),
+    ] {
+        if text.contains(needle) {
+            s.push_str(name);
+        }
+    }
+    s
+}
+
+#[test]
+#[ignore = "writes the frozen corpus: run once, by hand"]
+fn write_the_corpus() {
+    use std::collections::BTreeMap;
+    use std::fmt::Write as _;
+    let mut lines: Vec<String> = Vec::new();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut push = |kind: &str,
+                    class: String,
+                    line: serde_json::Value,
+                    counts: &mut BTreeMap<String, usize>| {
+        *counts.entry(format!("{kind}: {class}")).or_default() += 1;
+        lines.push(line.to_string());
+    };
+
+    // Decimals: the fixed edges, then the random texts.
+    let mut rng = Rng(0x5eed_0001);
+    let mut texts: Vec<String> = [
+        "0",
+        "-0",
+        "0.0",
+        "-0.000",
+        "00",
+        "1e-9223372036854775808",
+        "0e-9223372036854775808",
+        "1e9223372036854775807",
+        "0e9223372036854775807",
+        "1e40",
+        "0e40",
+        "0e41",
+        "1e41",
+        "1.5e40",
+        "79228162514264337593543950335",
+        "79228162514264337593543950336",
+        "-79228162514264337593543950335",
+        "999999999999999999999999999999",
+        "9999999999999999999999999999999",
+        "0.0000000000000000000000000001",
+        "0.00000000000000000000000000001",
+        "1e-28",
+        "1e-29",
+        "100e-30",
+        "12345e-2",
+        "1.10",
+        "1.100000000000000000000000000000",
+        "123456789012345678901234567890",
+        "1234567890123456789012345678901",
+        "0000000000000000000000000000000000001",
+        "1e29",
+        "1e28",
+        "-1e28",
+        "1E+2",
+        "1e+0002",
+        "1.0e-1",
+    ]
+    .iter()
+    .flat_map(|t| [t.to_string(), format!("\"{t}\"")])
+    .collect();
+    let fixed = texts.len();
+    texts.extend((0..200_000).map(|_| decimal_json(&mut rng)));
+    let mut sampler = Sampler::new(12, 250);
+    for (i, text) in texts.iter().enumerate() {
+        let Ok(raw) = serde_json::from_str::<&RawValue>(text) else {
+            continue;
+        };
+        let old = old_exact_decimal("x", raw);
+        assert!(same(&old, &exact_decimal("x", raw)), "{text}");
+        let class = match &old {
+            Ok(_) => format!("ok ({})", shape(text)),
+            Err(e) => format!("{} ({})", error_class(&e.to_string()), shape(text)),
+        };
+        if i < fixed || sampler.keep(class.clone()) {
+            let verdict = decimal_verdict(&old);
+            let kind = if old.is_ok() { "accepted" } else { "refused" };
+            push(
+                "decimal",
+                kind.into(),
+                serde_json::json!({"kind": "decimal", "text": text, "verdict": verdict}),
+                &mut counts,
+            );
+        }
+    }
+
+    // Keys against account ids: the spec is the canonical text.
+    let mut rng = Rng(0x5eed_0002);
+    let edges = [
+        0,
+        1,
+        -1,
+        9,
+        10,
+        -10,
+        i64::MAX,
+        i64::MIN,
+        i64::MAX - 1,
+        i64::MIN + 1,
+        1_000_000_000_000_000_000,
+        -1_000_000_000_000_000_000,
+        999_999_999_999_999_999,
+    ];
+    let mut sampler = Sampler::new(40, 400);
+    for round in 0..300_000 {
+        let n: i64 = match round % 4 {
+            0 => rng.pick(&edges),
+            1 => rng.next() as i64,
+            2 => (rng.next() % 2000) as i64 - 1000,
+            _ => (rng.next() as i64) >> rng.below(63),
+        };
+        let text = n.to_string();
+        let mut key: Vec<u8> = text.clone().into_bytes();
+        let how = rng.below(12);
+        match how {
+            0 => {}
+            1 => key.insert(usize::from(n < 0), b'0'),
+            2 => key.insert(0, b'+'),
+            3 => key.insert(0, b'-'),
+            4 => {
+                let at = rng.below(key.len());
+                key.remove(at);
+            }
+            5 => {
+                let at = rng.below(key.len());
+                key[at] = b'0' + rng.below(10) as u8;
+            }
+            6 => key.push(b'0' + rng.below(10) as u8),
+            7 => {
+                let at = rng.below(key.len());
+                key[at] = rng.pick(&[b' ', b'/', b':', b'a', 0xff, b'-']);
+            }
+            8 => key = (rng.next() as i64).to_string().into_bytes(),
+            9 => key = u64::MAX.to_string().into_bytes(),
+            10 => {
+                let n = 19 + rng.below(2);
+                key = rng.digits(n).into_bytes();
+                if rng.below(2) == 0 {
+                    key.insert(0, b'-');
+                }
+            }
+            _ => {
+                key = rng
+                    .pick(&["", "-", "-0", "0", "00", "-00"])
+                    .as_bytes()
+                    .to_vec()
+            }
+        }
+        let verdict = key == text.as_bytes();
+        assert_eq!(is_canonical_text(&key, n), verdict);
+        let class = format!(
+            "{verdict} (mutation {how}, {})",
+            if n < 0 { "negative" } else { "not negative" }
+        );
+        if sampler.keep(class) {
+            let kind = if verdict { "matches" } else { "differs" };
+            push(
+                "key",
+                kind.into(),
+                serde_json::json!({"kind": "key", "key": bytes_json(&key), "account_id": n, "verdict": verdict}),
+                &mut counts,
+            );
+        }
+    }
+
+    // JSON strings, as serde reads them.
+    let mut rng = Rng(0x5eed_0003);
+    let mut sampler = Sampler::new(25, 150);
+    for _ in 0..200_000 {
+        let text = match rng.below(10) {
+            0 => rng
+                .pick(&["1", "null", "[\"a\"]", "{}", "true", "-2.5"])
+                .to_string(),
+            _ => format!("\"{}\"", string_body(&mut rng)),
+        };
+        let Ok(raw) = serde_json::from_str::<&RawValue>(&text) else {
+            continue;
+        };
+        let old = serde_json::from_str::<String>(raw.get()).map_err(|e| e.to_string());
+        let new = json_str(raw)
+            .map(Cow::into_owned)
+            .map_err(|e| e.to_string());
+        assert_eq!(old, new, "{text}");
+        let class = match &old {
+            Ok(_) => format!("ok ({})", shape(&text)),
+            Err(e) => error_class(e),
+        };
+        if sampler.keep(class) {
+            let (kind, verdict) = match &old {
+                Ok(s) => ("read", serde_json::json!({ "ok": s })),
+                Err(e) => ("refused", serde_json::json!({ "err": e })),
+            };
+            push(
+                "json_str",
+                kind.into(),
+                serde_json::json!({"kind": "json_str", "text": text, "verdict": verdict}),
+                &mut counts,
+            );
+        }
+    }
+
+    // Messages.
+    let mut rng = Rng(0x5eed_0004);
+    let mut sampler = Sampler::new(8, 150);
+    for _ in 0..100_000 {
+        let m = message(&mut rng);
+        let old = old_decode(&m);
+        assert_eq!(old, decode(&m));
+        let (kind, class) = match &old {
+            Ok(e) => (
+                format!("decoded {}", e.event_type),
+                format!("ok {}", e.event_type),
+            ),
+            Err(e) => ("poison".to_owned(), error_class(&e.to_string())),
+        };
+        if sampler.keep(class) {
+            let key = m.key.as_deref().map(bytes_json);
+            let payload = std::str::from_utf8(&m.payload).expect("generated as text");
+            push(
+                "message",
+                kind,
+                serde_json::json!({"kind": "message", "key": key, "payload": payload, "verdict": event_verdict(&old)}),
+                &mut counts,
+            );
+        }
+    }
+
+    let mut out = String::new();
+    let header = serde_json::json!({
+        "corpus": "projector_engine::event decode verdicts, frozen from the decode of 9badca3 (engine/src/event/old_decode_oracle.rs)",
+        "lines": counts,
+    });
+    writeln!(out, "{header}").expect("string");
+    for l in &lines {
+        writeln!(out, "{l}").expect("string");
+    }
+    std::fs::write(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/src/event/decode_corpus.jsonl"),
+        out,
+    )
+    .expect("write");
+}

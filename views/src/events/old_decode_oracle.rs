@@ -453,3 +453,97 @@ fn messages_decode_as_the_old_decode_decoded_them() {
     }
     assert!(poison > 2_000, "{poison} poison");
 }
+
+// ---- The frozen corpus: written once from this oracle, then this file is deleted. ----
+
+fn error_class(e: &str) -> String {
+    let mut out = String::new();
+    let mut quoted = false;
+    let mut last_digit = false;
+    for c in e.chars() {
+        if c == '"' {
+            quoted = !quoted;
+            if quoted {
+                out.push_str("\"…\"");
+            }
+            continue;
+        }
+        if quoted {
+            continue;
+        }
+        if c.is_ascii_digit() {
+            if !last_digit {
+                out.push('#');
+            }
+            last_digit = true;
+            continue;
+        }
+        last_digit = false;
+        out.push(c);
+    }
+    out.chars().take(90).collect()
+}
+
+#[test]
+#[ignore = "writes the frozen corpus: run once, by hand"]
+fn write_the_corpus() {
+    use std::collections::BTreeMap;
+    use std::fmt::Write as _;
+    let mut lines: Vec<String> = Vec::new();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut rng = Rng(0x5eed_0004);
+    for n in 0..100_000usize {
+        let m = message(&mut rng);
+        let old = old_decode(&m);
+        assert_eq!(old, decode(&m));
+        let (kind, class) = match &old {
+            Ok(e) => (
+                format!("decoded {}", e.event_type),
+                format!("ok {}", e.event_type),
+            ),
+            Err(e) => ("poison".to_owned(), error_class(&e.to_string())),
+        };
+        let count = seen.entry(class).or_default();
+        *count += 1;
+        if *count <= 8 || n % 100 == 0 {
+            *counts.entry(format!("message: {kind}")).or_default() += 1;
+            let key = m
+                .key
+                .as_deref()
+                .map(|k| std::str::from_utf8(k).expect("text"));
+            let payload = std::str::from_utf8(&m.payload).expect("generated as text");
+            let verdict = match &old {
+                Ok(e) => serde_json::json!({ "ok": {
+                    "event_id": e.event_id,
+                    "type": e.event_type,
+                    "type_version": e.type_version,
+                    "account_id": e.account_id,
+                    "seq": e.seq,
+                    "occurred_at": e.occurred_at.to_rfc3339(),
+                    "data": e.data,
+                }}),
+                Err(e) => serde_json::json!({ "err": e.to_string() }),
+            };
+            lines.push(serde_json::json!({"kind": "message", "key": key, "payload": payload, "verdict": verdict}).to_string());
+        }
+    }
+    let mut out = String::new();
+    let header = serde_json::json!({
+        "corpus": "projector_views::events::decode verdicts (the built-in types' rules), frozen from the decode of 9badca3 (views/src/events/old_decode_oracle.rs)",
+        "lines": counts,
+        "classes": seen.len(),
+    });
+    writeln!(out, "{header}").expect("string");
+    for l in &lines {
+        writeln!(out, "{l}").expect("string");
+    }
+    std::fs::write(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/events/decode_corpus.jsonl"
+        ),
+        out,
+    )
+    .expect("write");
+}
