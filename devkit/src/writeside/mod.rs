@@ -71,7 +71,6 @@ pub mod ledger;
 pub mod load;
 pub mod quotes;
 pub mod relay;
-mod rng;
 mod sql;
 
 use std::sync::atomic::{AtomicI32, Ordering};
