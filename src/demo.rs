@@ -566,6 +566,12 @@ fn rebuilt(
 }
 
 /// The demo from an empty database to the report.
+/// How often the demo's feed lags at the source: simulate's period, or a quarter of a run too
+/// short for four of them, never shorter than twice a lag (a lag must end before the next).
+fn lag_every(feed: &FeedConfig, duration: Duration) -> Duration {
+    feed.lag_every.min(duration / 4).max(feed.lag_for * 2)
+}
+
 async fn story(
     server: &Server,
     registry: &Registry,
@@ -592,10 +598,15 @@ async fn story(
     // halfway (below): the topic holds both, interleaved for every account, and the views
     // read both through their upcaster.
     write_side.set_fill_version(1)?;
-    // The flags' defaults of `projector simulate`, which a unit test there holds equal.
+    // The flags' defaults of `projector simulate`, which a unit test there holds equal, except
+    // that a short run sees at least four source lags: one lag in a 12 s run falls in a single
+    // second, and a machine busy enough to stall the clients for that second told no story of
+    // `stale at source` (a test's run once refused none).
+    let defaults = FeedConfig::new(FeedSymbol::traded());
     let feed = FeedConfig {
         seed: args.seed,
-        ..FeedConfig::new(FeedSymbol::traded())
+        lag_every: lag_every(&defaults, args.duration),
+        ..defaults
     };
     let gate = ReceiverConfig::new(
         FeedMode::Delta,
@@ -974,4 +985,28 @@ async fn story(
         reconciled,
         own_reads,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_demo_lags_at_the_source_four_times_and_a_long_one_as_simulate_does() {
+        let feed = FeedConfig::new(FeedSymbol::traded());
+        let s = Duration::from_secs;
+        assert_eq!(lag_every(&feed, s(12)), s(3));
+        assert_eq!(lag_every(&feed, s(60)), feed.lag_every, "simulate's period");
+        assert_eq!(
+            lag_every(&feed, s(1)),
+            feed.lag_for * 2,
+            "a lag ends before the next"
+        );
+        assert!(FeedConfig {
+            lag_every: lag_every(&feed, s(1)),
+            ..feed
+        }
+        .check()
+        .is_ok());
+    }
 }

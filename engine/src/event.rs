@@ -27,6 +27,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 
+use crate::field::Field;
+pub use crate::field::FieldValue;
+
 /// The largest `type_version` accepted: it is stored as an `int`.
 pub const MAX_TYPE_VERSION: i32 = i32::MAX;
 
@@ -358,25 +361,10 @@ fn check_jsonb_number(number: &str) -> Result<(), DecodeError> {
     Ok(())
 }
 
-/// A declared field's value for one event ([`crate::projection::Field`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FieldValue {
-    /// A text field: `None` when absent or null.
-    Text(Option<String>),
-    /// A decimal field: `None` when absent or null.
-    Decimal(Option<Decimal>),
-    /// The whole `data` object: the event's `data` text.
-    Data,
-}
-
 /// Reads the declared fields of an event's `data`. A field with the wrong JSON type (a text
 /// field holding a number, a decimal that is not exact) is an error: the event is poison for
 /// the view that declared it.
-pub fn extract_fields(
-    event: &Event,
-    fields: &[crate::projection::Field],
-) -> Result<Vec<FieldValue>, DecodeError> {
-    use crate::projection::Field;
+pub fn extract_fields(event: &Event, fields: &[Field]) -> Result<Vec<FieldValue>, DecodeError> {
     if fields.iter().all(|f| *f == Field::Data) {
         return Ok(fields.iter().map(|_| FieldValue::Data).collect());
     }
@@ -807,7 +795,7 @@ impl<'de> Visitor<'de> for Storable {
 mod tests {
     #[test]
     fn declared_fields_are_read_as_a_map_would_read_them() {
-        use crate::projection::Field;
+        use crate::field::Field;
         let fields = [
             Field::Text("symbol"),
             Field::Decimal("qty"),
@@ -1070,8 +1058,8 @@ mod tests {
         let event = decode(&Message::new(0, None, payload)).expect("escapes are text");
         assert_eq!(event.occurred_at.to_rfc3339(), "2026-11-29T10:15:00+00:00");
         let fields = [
-            crate::projection::Field::Text("symbol"),
-            crate::projection::Field::Decimal("qty"),
+            crate::field::Field::Text("symbol"),
+            crate::field::Field::Decimal("qty"),
         ];
         assert_eq!(
             extract_fields(&event, &fields).expect("fields"),

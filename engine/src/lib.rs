@@ -8,6 +8,8 @@
 //! # Layout
 //!
 //! - [`event`]: the wire format; decoding a message into an [`Event`] or saying why it is poison.
+//! - `field` (private): a field a view declares and its value for one event, re-exported by
+//!   [`projection`] and [`event`].
 //! - [`projection`]: the [`Projection`] trait views implement, and the [`Registry`] of views.
 //! - [`view`]: the [`View`] trait a view written in Rust implements (no version: the
 //!   registry pairs it with its versions), and its SQL file ([`SqlFile`]).
@@ -36,6 +38,7 @@ pub mod apply;
 pub mod bell;
 pub mod db;
 pub mod event;
+mod field;
 pub mod fingerprint;
 pub mod inbox;
 pub mod kafka;

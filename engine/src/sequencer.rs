@@ -24,8 +24,9 @@ use std::collections::{BTreeMap, HashMap};
 pub(crate) enum Item {
     /// Index into the batch's messages.
     Batch(usize),
-    /// Index into the waiting events loaded from `projector.waiting_events`.
-    Stored(usize),
+    /// Index into the waiting events loaded from `projector.waiting_events`
+    /// (`apply::plan::WaitingEvent`).
+    Waiting(usize),
 }
 
 /// What happens to one incoming event.
@@ -42,9 +43,11 @@ pub(crate) enum Verdict {
     Wait,
 }
 
-/// An account's stored state at the start of a batch.
+/// Where the sequencer starts an account in a batch: the `seq` its view has applied and the
+/// rebuild watermark (of the account's state as loaded, `apply::plan::AccountState`), and the
+/// events already waiting for it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Stored {
+pub(crate) struct Start {
     pub last_seq: i64,
     pub watermark: Option<i64>,
     /// Events already waiting, by `seq`.
@@ -58,11 +61,11 @@ pub(crate) struct Plan {
     pub emitted: Vec<(i64, Item)>,
     /// The verdict for each incoming event, in the order given.
     pub verdicts: Vec<Verdict>,
-    /// Events left waiting (stored ones included), by `seq`.
+    /// Events left waiting (those that waited before included), by `seq`.
     pub waiting: BTreeMap<i64, Item>,
     /// `last_seq` once everything emitted is applied.
     pub last_seq: i64,
-    /// Stored events whose `seq` another writer applied meanwhile: they leave the waiting
+    /// Waiting events whose `seq` another writer applied meanwhile: they leave the waiting
     /// table as duplicates.
     pub stale: Vec<(i64, Item)>,
     /// False for an order-independent view, whose only waiting events are held ones.
@@ -84,12 +87,12 @@ impl Plan {
 /// [`plan_with`] where no two items are known to be one event.
 #[cfg(test)]
 pub(crate) fn plan(
-    stored: Stored,
+    start: Start,
     incoming: &[(i64, Item)],
     ordered: bool,
     held: &dyn Fn(Item) -> bool,
 ) -> Plan {
-    plan_with(stored, incoming, ordered, held, &|_, _| false)
+    plan_with(start, incoming, ordered, held, &|_, _| false)
 }
 
 /// Runs the state machine over `incoming` (`seq` and item, in offset order). `ordered` is
@@ -104,20 +107,20 @@ pub(crate) fn plan(
 /// a duplicate of it. Otherwise the held copy would keep its account waiting for a build
 /// that reads a version the producer may never publish again.
 pub(crate) fn plan_with(
-    stored: Stored,
+    start: Start,
     incoming: &[(i64, Item)],
     ordered: bool,
     held: &dyn Fn(Item) -> bool,
     same: &dyn Fn(Item, Item) -> bool,
 ) -> Plan {
     if !ordered {
-        return plan_unordered(stored, incoming, held, same);
+        return plan_unordered(start, incoming, held, same);
     }
-    let Stored {
+    let Start {
         last_seq,
         watermark,
         mut waiting,
-    } = stored;
+    } = start;
     // A snapshot reflects every event up to its watermark: the next one to apply follows it,
     // whether or not the seeding also moved last_seq.
     let mut last_seq = last_seq.max(watermark.unwrap_or(0));
@@ -197,7 +200,7 @@ fn replace_held(
     stale: &mut Vec<(i64, Item)>,
 ) {
     match holder {
-        Item::Stored(_) => stale.push((incoming[pos].0, holder)),
+        Item::Waiting(_) => stale.push((incoming[pos].0, holder)),
         Item::Batch(_) => {
             if let Some(k) = incoming[..pos].iter().position(|&(_, i)| i == holder) {
                 verdicts[k] = Verdict::Taken(Some(copy));
@@ -230,20 +233,20 @@ fn drain(
 /// they wait, alone, each at its `seq` (a second event at a held `seq` is judged by its id);
 /// `last_seq` is not tracked.
 fn plan_unordered(
-    stored: Stored,
+    start: Start,
     incoming: &[(i64, Item)],
     held: &dyn Fn(Item) -> bool,
     same: &dyn Fn(Item, Item) -> bool,
 ) -> Plan {
-    let Stored {
+    let Start {
         last_seq,
         watermark,
-        waiting: stored,
-    } = stored;
+        waiting: already,
+    } = start;
     let mut waiting = BTreeMap::new();
     let mut emitted = Vec::new();
     let mut stale = Vec::new();
-    for (seq, item) in stored {
+    for (seq, item) in already {
         if held(item) {
             waiting.insert(seq, item);
         } else {
@@ -304,7 +307,7 @@ mod tests {
 
     #[test]
     fn in_order_events_are_emitted() {
-        let p = plan(Stored::default(), &incoming(&[1, 2, 3]), true, &none);
+        let p = plan(Start::default(), &incoming(&[1, 2, 3]), true, &none);
         assert_eq!(seqs(&p), [1, 2, 3]);
         assert_eq!(p.last_seq, 3);
         assert_eq!(p.blocked_seq(), None);
@@ -312,11 +315,11 @@ mod tests {
 
     #[test]
     fn a_taken_seq_names_what_took_it() {
-        let stored = Stored {
+        let start = Start {
             last_seq: 2,
-            ..Stored::default()
+            ..Start::default()
         };
-        let p = plan(stored, &incoming(&[1, 2, 3, 3]), true, &none);
+        let p = plan(start, &incoming(&[1, 2, 3, 3]), true, &none);
         assert_eq!(seqs(&p), [3]);
         assert_eq!(
             p.verdicts,
@@ -331,18 +334,18 @@ mod tests {
 
     #[test]
     fn a_gap_parks_and_the_missing_event_drains_in_order() {
-        let p = plan(Stored::default(), &incoming(&[1, 3, 4, 4]), true, &none);
+        let p = plan(Start::default(), &incoming(&[1, 3, 4, 4]), true, &none);
         assert_eq!(seqs(&p), [1]);
         assert_eq!(p.blocked_seq(), Some(2));
         assert_eq!(p.waiting.keys().copied().collect::<Vec<_>>(), [3, 4]);
         assert_eq!(p.verdicts[3], Verdict::Taken(Some(Item::Batch(2))));
 
-        let stored = Stored {
+        let start = Start {
             last_seq: 1,
-            waiting: [(3, Item::Stored(0)), (4, Item::Stored(1))].into(),
-            ..Stored::default()
+            waiting: [(3, Item::Waiting(0)), (4, Item::Waiting(1))].into(),
+            ..Start::default()
         };
-        let p = plan(stored, &incoming(&[5, 2]), true, &none);
+        let p = plan(start, &incoming(&[5, 2]), true, &none);
         assert_eq!(seqs(&p), [2, 3, 4, 5]);
         assert_eq!(p.verdicts, [Verdict::Wait, Verdict::Emit]);
         assert_eq!(p.blocked_seq(), None);
@@ -352,38 +355,38 @@ mod tests {
     #[test]
     fn a_stale_park_drains_without_its_blocking_event() {
         // Another writer applied 5 and 6 while this one parked at 5 with 6 and 7 waiting.
-        let stored = Stored {
+        let start = Start {
             last_seq: 6,
-            waiting: [(6, Item::Stored(0)), (7, Item::Stored(1))].into(),
-            ..Stored::default()
+            waiting: [(6, Item::Waiting(0)), (7, Item::Waiting(1))].into(),
+            ..Start::default()
         };
-        let p = plan(stored, &incoming(&[9]), true, &none);
+        let p = plan(start, &incoming(&[9]), true, &none);
         assert_eq!(seqs(&p), [7]);
-        assert_eq!(p.stale, [(6, Item::Stored(0))]);
+        assert_eq!(p.stale, [(6, Item::Waiting(0))]);
         assert_eq!(p.blocked_seq(), Some(8));
         assert_eq!(p.verdicts, [Verdict::Wait]);
     }
 
     #[test]
     fn the_event_after_the_watermark_is_next_even_if_last_seq_was_not_seeded() {
-        let stored = Stored {
+        let start = Start {
             last_seq: 0,
             watermark: Some(7),
-            ..Stored::default()
+            ..Start::default()
         };
-        let p = plan(stored, &incoming(&[7, 8]), true, &none);
+        let p = plan(start, &incoming(&[7, 8]), true, &none);
         assert_eq!(seqs(&p), [8]);
         assert_eq!(p.blocked_seq(), None);
     }
 
     #[test]
     fn the_watermark_skips_what_the_snapshot_holds() {
-        let stored = Stored {
+        let start = Start {
             last_seq: 10,
             watermark: Some(10),
-            ..Stored::default()
+            ..Start::default()
         };
-        let p = plan(stored, &incoming(&[9, 10, 11]), true, &none);
+        let p = plan(start, &incoming(&[9, 10, 11]), true, &none);
         assert_eq!(seqs(&p), [11]);
         assert_eq!(
             p.verdicts,
@@ -393,12 +396,12 @@ mod tests {
 
     #[test]
     fn order_independent_views_apply_every_event_gap_or_not() {
-        let stored = Stored {
+        let start = Start {
             last_seq: 0,
             watermark: Some(2),
-            waiting: [(9, Item::Stored(0))].into(),
+            waiting: [(9, Item::Waiting(0))].into(),
         };
-        let p = plan(stored, &incoming(&[2, 5, 3, 5]), false, &none);
+        let p = plan(start, &incoming(&[2, 5, 3, 5]), false, &none);
         assert_eq!(seqs(&p), [9, 5, 3, 5]);
         assert_eq!(
             p.verdicts,
@@ -416,7 +419,7 @@ mod tests {
     fn a_held_event_holds_its_seq_and_everything_after_it_waits() {
         // Batch items 1 and 3 (seqs 2 and 4) are of a version the view cannot read yet.
         let held = |item: Item| matches!(item, Item::Batch(1) | Item::Batch(3));
-        let p = plan(Stored::default(), &incoming(&[1, 2, 3, 4]), true, &held);
+        let p = plan(Start::default(), &incoming(&[1, 2, 3, 4]), true, &held);
         assert_eq!(seqs(&p), [1]);
         assert_eq!(p.blocked_seq(), Some(2), "parked at the held event");
         assert_eq!(p.waiting.keys().copied().collect::<Vec<_>>(), [2, 3, 4]);
@@ -426,49 +429,49 @@ mod tests {
         );
 
         // Stored, it is read again by the next batch: still held, the drain stops at it.
-        let stored = Stored {
+        let start = Start {
             last_seq: 1,
-            waiting: [(2, Item::Stored(0)), (3, Item::Stored(1))].into(),
-            ..Stored::default()
+            waiting: [(2, Item::Waiting(0)), (3, Item::Waiting(1))].into(),
+            ..Start::default()
         };
-        let still = |item: Item| item == Item::Stored(0);
-        let p = plan(stored.clone(), &incoming(&[2, 5]), true, &still);
+        let still = |item: Item| item == Item::Waiting(0);
+        let p = plan(start.clone(), &incoming(&[2, 5]), true, &still);
         assert!(seqs(&p).is_empty());
         assert_eq!(
             p.verdicts,
-            [Verdict::Taken(Some(Item::Stored(0))), Verdict::Wait]
+            [Verdict::Taken(Some(Item::Waiting(0))), Verdict::Wait]
         );
         assert_eq!(p.blocked_seq(), Some(2));
 
         // A build that reads its version drains it and what waited behind it.
-        let p = plan(stored, &incoming(&[4]), true, &none);
+        let p = plan(start, &incoming(&[4]), true, &none);
         assert_eq!(seqs(&p), [2, 3, 4]);
         assert_eq!(p.blocked_seq(), None);
     }
 
     #[test]
     fn a_readable_copy_of_a_held_event_takes_its_place() {
-        // Seq 2 waits held (stored); the batch brings a copy of it the view reads (item 0),
+        // Seq 2 waits held (start); the batch brings a copy of it the view reads (item 0),
         // then seq 3.
-        let stored = Stored {
+        let start = Start {
             last_seq: 1,
-            waiting: [(2, Item::Stored(0))].into(),
-            ..Stored::default()
+            waiting: [(2, Item::Waiting(0))].into(),
+            ..Start::default()
         };
-        let held = |item: Item| item == Item::Stored(0);
+        let held = |item: Item| item == Item::Waiting(0);
         let same = |a: Item, b: Item| {
             matches!(
                 (a, b),
-                (Item::Batch(0), Item::Stored(0)) | (Item::Stored(0), Item::Batch(0))
+                (Item::Batch(0), Item::Waiting(0)) | (Item::Waiting(0), Item::Batch(0))
             )
         };
-        let p = plan_with(stored.clone(), &incoming(&[2, 3]), true, &held, &same);
+        let p = plan_with(start.clone(), &incoming(&[2, 3]), true, &held, &same);
         assert_eq!(seqs(&p), [2, 3]);
-        assert_eq!(p.stale, [(2, Item::Stored(0))], "the held one leaves");
+        assert_eq!(p.stale, [(2, Item::Waiting(0))], "the held one leaves");
         assert_eq!(p.blocked_seq(), None);
         // Another event at the held seq is judged by its id as before.
-        let p = plan_with(stored, &incoming(&[2, 3]), true, &held, &|_, _| false);
-        assert_eq!(p.verdicts[0], Verdict::Taken(Some(Item::Stored(0))));
+        let p = plan_with(start, &incoming(&[2, 3]), true, &held, &|_, _| false);
+        assert_eq!(p.verdicts[0], Verdict::Taken(Some(Item::Waiting(0))));
         assert_eq!(p.blocked_seq(), Some(2));
 
         // Both in one batch: the held copy first (item 1), then the readable one (item 2).
@@ -481,7 +484,7 @@ mod tests {
         };
         for ordered in [true, false] {
             let p = plan_with(
-                Stored::default(),
+                Start::default(),
                 &incoming(&[1, 2, 2]),
                 ordered,
                 &held,
@@ -503,7 +506,7 @@ mod tests {
         let held = |item: Item| item == Item::Batch(2);
         for ordered in [true, false] {
             let p = plan_with(
-                Stored::default(),
+                Start::default(),
                 &incoming(&[1, 2, 2]),
                 ordered,
                 &held,
@@ -517,12 +520,12 @@ mod tests {
 
     #[test]
     fn an_order_independent_view_holds_back_only_the_held_event() {
-        let held = |item: Item| matches!(item, Item::Batch(1) | Item::Batch(3) | Item::Stored(0));
-        let stored = Stored {
-            waiting: [(7, Item::Stored(0)), (8, Item::Stored(1))].into(),
-            ..Stored::default()
+        let held = |item: Item| matches!(item, Item::Batch(1) | Item::Batch(3) | Item::Waiting(0));
+        let start = Start {
+            waiting: [(7, Item::Waiting(0)), (8, Item::Waiting(1))].into(),
+            ..Start::default()
         };
-        let p = plan(stored, &incoming(&[1, 2, 3, 2]), false, &held);
+        let p = plan(start, &incoming(&[1, 2, 3, 2]), false, &held);
         assert_eq!(seqs(&p), [8, 1, 3]);
         assert_eq!(
             p.verdicts,

@@ -56,8 +56,10 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let all = format!("{stderr}\n---\n{stdout}");
-    eprintln!("demo took {:?}", started.elapsed());
-    assert!(out.status.success(), "{all}");
+    // The whole output once, then short messages: the panic's own line must stay near the end
+    // of a long log, where a CI report that keeps only the tail still shows it.
+    eprintln!("{all}\n---\ndemo took {:?}", started.elapsed());
+    assert!(out.status.success(), "(the output is above)");
 
     // The story happened: a process joined, one was killed, portfolio was cut over.
     for step in [
@@ -69,7 +71,7 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
         "the write side upgraded its producers: fills and busts are now version 2",
         "stopped with SIGTERM",
     ] {
-        assert!(all.contains(step), "no {step:?} in:\n{all}");
+        assert!(all.contains(step), "no {step:?} in (the output is above)");
     }
 
     // Prices at most once beside orders at least once: the feed lost ticks on purpose, and the
@@ -77,7 +79,7 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
     let quotes = stdout
         .lines()
         .find(|l| l.trim_start().starts_with("quotes "))
-        .unwrap_or_else(|| panic!("no quote line:\n{all}"));
+        .unwrap_or_else(|| panic!("no quote line (the output is above)"));
     let after = |name: &str| -> i64 {
         quotes
             .split(name)
@@ -100,7 +102,7 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
     let own = stdout
         .lines()
         .find(|l| l.trim_start().starts_with("own reads "))
-        .unwrap_or_else(|| panic!("no own reads line:\n{all}"));
+        .unwrap_or_else(|| panic!("no own reads line (the output is above)"));
     let count = |name: &str| -> i64 {
         own.split(name)
             .next()
@@ -127,21 +129,25 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
             .nth(1)
             .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
             .map(number)
-            .unwrap_or_else(|| panic!("no {name:?}:\n{all}"))
+            .unwrap_or_else(|| panic!("no {name:?} (the output is above)"))
     };
     let events = write("events        ");
     assert!(
         events > 2 * (stale + source + suspect),
-        "most orders are accepted:\n{all}"
+        "most orders are accepted (the output is above)"
     );
     // The producers were upgraded halfway: both versions of fills are on the topic, and
     // every view reconciled (below) read both.
     assert!(
         write("at version 1 ") > 0 && write("at version 2 ") > 0,
-        "fills of both versions:\n{all}"
+        "fills of both versions (the output is above)"
     );
     // A retry gets the first answer, a refusal on the quote included: never a second one.
-    assert_eq!(write("deduplicated "), write("retried "), "{all}");
+    assert_eq!(
+        write("deduplicated "),
+        write("retried "),
+        "(the output is above)"
+    );
     // Each request answered one way: written, replayed, refused (key, rule or quote).
     assert_eq!(
         write("requests      "),
@@ -152,7 +158,7 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
             + stale
             + source
             + suspect,
-        "{all}"
+        "(the output is above)"
     );
 
     // Redeliveries were injected by the relay ...
@@ -161,21 +167,27 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
         .nth(1)
         .and_then(|rest| rest.split_whitespace().next())
         .map(number)
-        .unwrap_or_else(|| panic!("no redeliveries line:\n{all}"));
-    assert!(injected > 0, "{all}");
+        .unwrap_or_else(|| panic!("no redeliveries line (the output is above)"));
+    assert!(injected > 0, "(the output is above)");
     // ... and dropped by every live view, with nothing dead-lettered and no lag left.
     for (view, version) in [("portfolio", "2"), ("risk", "1"), ("eod", "1")] {
         let row = table_row(&stdout, view, version)
-            .unwrap_or_else(|| panic!("no row for {view} v{version}:\n{all}"));
-        assert_eq!(row[2], "live", "{all}");
-        assert!(number(row[3]) > 0, "{view} applied nothing:\n{all}");
-        assert!(number(row[5]) > 0, "{view} dropped no duplicate:\n{all}");
+            .unwrap_or_else(|| panic!("no row for {view} v{version} (the output is above)"));
+        assert_eq!(row[2], "live", "(the output is above)");
+        assert!(
+            number(row[3]) > 0,
+            "{view} applied nothing (the output is above)"
+        );
+        assert!(
+            number(row[5]) > 0,
+            "{view} dropped no duplicate (the output is above)"
+        );
         assert_eq!(
             number(row[5]),
             (6..10).map(|i| number(row[i])).sum::<i64>(),
-            "every duplicate is attributed to what caught it:\n{all}"
+            "every duplicate is attributed to what caught it (the output is above)"
         );
-        assert_eq!((row[10], row[11]), ("0", "0"), "{all}");
+        assert_eq!((row[10], row[11]), ("0", "0"), "(the output is above)");
     }
     // The rebuilt version reports what its snapshot's watermark skipped. How much that is
     // depends on timing: the mock cluster answers no lookup by time, so the tail starts at
@@ -186,19 +198,22 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
     let v2 = table_row(&stdout, "portfolio", "2").expect("portfolio v2");
     assert!(
         v2[8].chars().all(|c| c.is_ascii_digit()),
-        "v2's watermark drops are reported: {:?}\n{all}",
+        "v2's watermark drops are reported: {:?} (the output is above)",
         v2[8]
     );
     let v1 = table_row(&stdout, "portfolio", "1").expect("portfolio v1");
-    assert_eq!(v1[2], "retired", "{all}");
+    assert_eq!(v1[2], "retired", "(the output is above)");
 
     // Every view equals the write side.
     for view in ["portfolio", "risk", "eod"] {
         let line = stdout
             .lines()
             .find(|l| l.trim_start().starts_with(view) && l.contains(" rows vs "))
-            .unwrap_or_else(|| panic!("no reconciliation of {view}:\n{all}"));
-        assert!(line.ends_with(": 0 differences"), "{line}\n{all}");
+            .unwrap_or_else(|| panic!("no reconciliation of {view} (the output is above)"));
+        assert!(
+            line.ends_with(": 0 differences"),
+            "{line} (the output is above)"
+        );
         let rows: i64 = number(
             line.split(" rows vs ")
                 .nth(1)
@@ -206,9 +221,12 @@ async fn demo_tells_the_whole_story_and_every_view_reconciles() {
                 .map(str::trim)
                 .expect("source rows"),
         );
-        assert!(rows > 0, "{view}: nothing compared:\n{all}");
+        assert!(rows > 0, "{view}: nothing compared (the output is above)");
     }
-    assert!(stdout.contains("result        0 differences"), "{all}");
+    assert!(
+        stdout.contains("result        0 differences"),
+        "(the output is above)"
+    );
     drop_database(&database).await;
 }
 

@@ -221,10 +221,10 @@ type Progress<'a> = (
 fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
     let mut rows = Rows::default();
     let mut seen: Vec<(i64, i64)> = Vec::new();
-    for (i, d) in work.decoded.iter().enumerate() {
+    for (i, d) in work.decoded().iter().enumerate() {
         if let Decoded::Poison { error, salvage } = d {
             if let (Some(account), Some(seq)) = (salvage.account_id, salvage.seq) {
-                if !work.accounts.iter().any(|a| a.account_id == account) {
+                if !work.accounts().iter().any(|a| a.account_id == account) {
                     rows.relabel.0.push(account);
                     rows.relabel.1.push(seq);
                 }
@@ -239,13 +239,13 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
             });
         }
     }
-    for i in work.stored_poison() {
-        let s = &work.stored[i];
+    for i in work.waiting_poison() {
+        let s = work.waiting_event(i);
         let Decoded::Poison { error, salvage } = &s.decoded else {
             continue;
         };
         rows.dead.push(DeadLetter {
-            source: work.source(Item::Stored(i)),
+            source: work.source(Item::Waiting(i)),
             kind: "poison",
             event_id: salvage.event_id.clone(),
             account_id: Some(s.account_id),
@@ -255,8 +255,8 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
         rows.drained.0.push(s.account_id);
         rows.drained.1.push(s.seq);
     }
-    for c in &work.conflicts {
-        let ev = work.decoded[c.index].event();
+    for c in work.conflicts() {
+        let ev = work.decoded()[c.index].event();
         rows.dead.push(DeadLetter {
             source: work.source(Item::Batch(c.index)),
             kind: "conflict",
@@ -269,11 +269,11 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
 
     // The batch's events whose statement failed.
     let failed_items: std::collections::HashSet<Item> = work
-        .accounts
+        .accounts()
         .iter()
         .flat_map(|acc| acc.failures.iter().map(|(k, _)| acc.plan.emitted[*k].1))
         .collect();
-    for acc in &work.accounts {
+    for acc in work.accounts() {
         for (k, error) in &acc.failures {
             let item = acc.plan.emitted[*k].1;
             let ev = work.event(item);
@@ -286,10 +286,10 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
                 error: error.clone(),
             });
         }
-        // Stored events no longer waiting were applied, ignored, dead-lettered, or found
+        // Loaded waiting events that no longer wait were applied, ignored, dead-lettered, or found
         // stale (their seq applied meanwhile).
         for &(seq, item) in acc.plan.emitted.iter().chain(&acc.plan.stale) {
-            if let Item::Stored(_) = item {
+            if let Item::Waiting(_) = item {
                 rows.drained.0.push(acc.account_id);
                 rows.drained.1.push(seq);
             }
@@ -308,8 +308,8 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
         // would otherwise resolve the original's own dead letter. (A carrier held back to wait
         // is applied when it drains; its repeat is its duplicate, as before.)
         for (k, &(seq, item)) in acc.plan.emitted.iter().enumerate() {
-            let holds = match work.repeats.get(&item) {
-                Some(carrier) => !failed_items.contains(carrier),
+            let holds = match work.repeat_of(item) {
+                Some(carrier) => !failed_items.contains(&carrier),
                 None => true,
             };
             if let (false, true, Some(ev)) = (failed.contains(&k), holds, work.event(item)) {
@@ -332,7 +332,7 @@ fn gather<'a>(work: &'a Work<'_>, track_seq: bool) -> Rows<'a> {
             // parked at its next seq, so that the next step (the drain that follows, or the
             // account's next batch) loads the rest. Unparked, nothing would load them: only
             // a parked account's waiting events are read.
-            None if work.truncated.contains(&acc.account_id) => {
+            None if work.is_truncated(acc.account_id) => {
                 rows.parks
                     .push(acc.account_id, acc.plan.last_seq + 1, 0, None);
             }
@@ -417,7 +417,7 @@ impl Applier {
         )
         .map_err(&err)?;
 
-        let mut counts = work.counts.clone();
+        let mut counts = work.counts().clone();
         // Sent first: the fast path's savepoint, if it is still open. Everything here commits
         // or rolls back together with it, so where exactly it is released does not matter.
         let released = async {

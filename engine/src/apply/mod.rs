@@ -13,6 +13,10 @@
 //! 5. Write dead letters, waiting events, parks, progress and the fenced offset update,
 //!    pipelined ([`bookkeeping`]), and commit.
 //!
+//! Steps 2 to 5 run once per pass over the batch: usually one. A correction of an event whose
+//! statement failed ends a pass before it, undone and run again up to there (`passes`); the
+//! offset moves with the last pass.
+//!
 //! # Layout
 //!
 //! - [`types`]: batches, dispositions, counts and errors: what goes in and comes out.
@@ -20,11 +24,14 @@
 //!   duplicates and conflicts; settling statement failures into the plan.
 //! - `rounds` (private): the composed statement, rounds, their columns, failure isolation.
 //! - `bookkeeping` (private): everything a batch records besides the view's rows.
+//! - `passes` (private): the passes over one batch (usually one; a correction of an event
+//!   whose statement failed splits it) and what they add up to; pure.
 //! - `repair` (private): retrying a dead letter, skipping a lost `seq`, draining a parked
 //!   account, through the same path (`Applier::retry_dead_letter`, `skip_seq`,
 //!   `drain_account`).
 
 mod bookkeeping;
+mod passes;
 mod plan;
 mod repair;
 mod rounds;
@@ -52,11 +59,12 @@ use crate::queries;
 use crate::upcast::{UpcastError, Upcasters};
 
 use bookkeeping::Advance;
-use plan::{AccountState, Decoded, StoredEvent, Work};
+use passes::{Passes, Written};
+use plan::{AccountState, Decoded, WaitingEvent, Work};
 
 pub use repair::DeadLetterSkip;
-pub(crate) use rounds::describe_db_error;
 pub use rounds::{compose_statement, compose_statement_with, InboxGuard};
+pub(crate) use types::describe_db_error;
 pub use types::{ApplyError, Batch, BatchOutcome, Counts, Disposition};
 
 /// How long a consumer's rows in the inbox before V0009 are taken to be there before it is
@@ -113,6 +121,16 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// The statements every batch runs before the view's, prepared ([`Applier::prepare_batch`]).
+struct BatchStatements {
+    /// Locks the partition's offset row.
+    lock: Statement,
+    /// Reads whether the version is live, for a view that emits notices.
+    is_live: Option<Statement>,
+    /// Load the batch's accounts; `None` without per-account tracking.
+    accounts: Option<AccountStatements>,
 }
 
 /// The prepared statements that load a batch's accounts.
@@ -541,140 +559,122 @@ impl Applier {
             });
         };
         let next_offset = last.offset + 1;
+        // 1. Decode.
         let decoded: Vec<Decoded> = batch.messages.iter().map(|m| self.decode(m)).collect();
-        let end = batch.messages.len();
-
-        // Every statement is prepared before any is sent: a prepared statement goes out when
-        // its future is first polled, so the offset row is locked before the accounts are,
-        // in every writer. A cache miss on one of them must not let the others overtake it.
-        let (lock, is_live, account_statements) = futures::try_join!(
-            self.prepare_lock(tx),
-            self.prepare_is_live(tx),
-            self.prepare_accounts(tx)
-        )?;
-
-        // Usually one pass over the whole batch. A pass stops early only before a
-        // correction of an event whose statement failed in it (`Work::split_point`), and the
-        // next pass starts at the correction; all passes share the transaction, and the
-        // offset moves once, past the whole batch.
-        let mut dispositions: Vec<Disposition> = Vec::with_capacity(end);
-        let mut total = Counts::default();
-        let mut more_to_drain: Vec<i64> = Vec::new();
-        let (mut from, mut to) = (0, end);
-        let mut drain_first: Vec<i64> = Vec::new();
-        let mut drained_for: HashSet<(usize, i64)> = HashSet::new();
-        let mut first = true;
-        while from < end {
-            // A pass borrows its run of the batch; one that only drains an account first
-            // has no messages of its own.
-            let (messages, part_decoded) = if drain_first.is_empty() {
-                (&batch.messages[from..to], &decoded[from..to])
-            } else {
-                (&[][..], &[][..])
-            };
-            let mut work = Work::pass(&batch.topic, batch.partition, messages, part_decoded);
-            work.extra_accounts = std::mem::take(&mut drain_first);
-            let draining = !work.extra_accounts.is_empty();
-            let accounts = work.account_ids();
-            let states = if first {
-                let (fence, live, states) = futures::try_join!(
-                    self.lock_offset(tx, batch, &lock),
-                    self.is_live(tx, is_live.as_ref()),
-                    self.load_accounts(tx, account_statements.as_ref(), &accounts)
-                )?;
-                match fence {
-                    Fence::Held(stored) if stored == batch.start_offset => {}
-                    Fence::Held(stored) | Fence::Lost(stored) => {
-                        return Err(ApplyError::Fenced {
-                            consumer: self.consumer.clone(),
-                            topic: batch.topic.clone(),
-                            partition: batch.partition,
-                            start: batch.start_offset,
-                            stored,
-                        })
-                    }
-                }
-                work.live = live;
-                states
-            } else {
-                let (live, states) = futures::try_join!(
-                    self.is_live(tx, is_live.as_ref()),
-                    self.load_accounts(tx, account_statements.as_ref(), &accounts)
-                )?;
-                work.live = live;
-                states
-            };
-            first = false;
-
+        let statements = self.prepare_batch(tx).await?;
+        // Usually one pass over the whole batch; see `passes`.
+        let mut passes = Passes::new(batch.messages.len());
+        while let Some(pass) = passes.next_pass() {
+            let run = pass.run.clone();
+            let mut work = Work::pass(
+                &batch.topic,
+                batch.partition,
+                &batch.messages[run.clone()],
+                &decoded[run],
+            )
+            .draining(pass.drain.clone());
+            // 2. Fence (the first pass), lock and load the accounts.
+            let states = self
+                .fence_and_load(tx, batch, &statements, &mut work, pass.first)
+                .await?;
+            // 3. Plan.
             self.plan(tx, &mut work, states).await?;
+            // 4. Rounds.
             let release = self.execute(tx, &mut work).await?;
             work.settle(self.ordered);
-            // A drain of an account first that did not move it (its failed event waits on
-            // something outside that pass) would be asked for again, forever: the second
-            // time for the same part and account, the part goes on without the split, the correction dropped as a
-            // duplicate, as a pass without `split_point` judges it.
-            let split = if release && !draining {
-                work.split_point()
-                    .filter(|&(cut, account)| !(cut == 0 && drained_for.contains(&(from, account))))
-            } else {
-                None
-            };
-            if let Some((cut, account)) = split {
+            if passes.undo(&pass, release, || work.split_point()) {
                 tx.batch_execute(queries::UNDO_BATCH_SAVEPOINT)
                     .await
                     .map_err(self.db("undoing a pass"))?;
-                if cut == 0 {
-                    // The failed event waited from an earlier batch and drains first, on its
-                    // own; then this part runs again with its correction.
-                    drain_first.push(account);
-                    drained_for.insert((from, account));
-                } else {
-                    to = from + cut;
-                }
                 continue;
             }
-            let last_part = to == end && !draining;
-            let advance = last_part.then(|| Advance {
+            // 5. Bookkeeping, and the offset with the last pass.
+            let advance = passes.is_last(&pass).then(|| Advance {
                 topic: &batch.topic,
                 partition: batch.partition,
                 start_offset: batch.start_offset,
                 next_offset,
             });
             let counts = self
-                .write_bookkeeping(tx, &work, advance, release, &total)
+                .write_bookkeeping(tx, &work, advance, release, passes.total())
                 .await?;
-            // Events an earlier pass of this batch stored as waiting may have left now.
-            for (offset, d) in work.stored_outcomes() {
-                if let Some(i) = batch.messages[..from]
-                    .iter()
-                    .position(|m| m.offset == offset)
-                {
-                    dispositions[i] = d;
-                }
-            }
-            total += &counts;
-            more_to_drain.extend(work.more_to_drain());
-            if draining {
-                continue;
-            }
-            dispositions.extend_from_slice(&work.dispositions);
-            from = to;
-            to = end;
+            let written = Written {
+                counts,
+                dispositions: work.dispositions(),
+                earlier: work.waiting_outcomes(),
+                more_to_drain: work.more_to_drain(),
+            };
+            passes.written(&pass, &batch.messages, written);
         }
-        let dispositions = batch
-            .messages
-            .iter()
-            .zip(&dispositions)
-            .map(|(m, d)| (m.offset, *d))
-            .collect();
-        more_to_drain.sort_unstable();
-        more_to_drain.dedup();
+        let (counts, dispositions, more_to_drain) = passes.finish(&batch.messages);
         Ok(BatchOutcome {
             next_offset,
-            counts: total,
+            counts,
             dispositions,
             more_to_drain,
         })
+    }
+
+    /// Prepares the statements every batch runs before the view's, each before any is sent:
+    /// a prepared statement goes out when its future is first polled, so the offset row is
+    /// locked before the accounts are, in every writer. A cache miss on one of them must not
+    /// let the others overtake it.
+    async fn prepare_batch(&self, tx: &Transaction<'_>) -> Result<BatchStatements, ApplyError> {
+        let (lock, is_live, accounts) = futures::try_join!(
+            self.prepare_lock(tx),
+            self.prepare_is_live(tx),
+            self.prepare_accounts(tx)
+        )?;
+        Ok(BatchStatements {
+            lock,
+            is_live,
+            accounts,
+        })
+    }
+
+    /// Step 2 of a pass: on the batch's `first` pass, locks the partition's offset row and
+    /// checks that the batch starts where the last committed one ended; reads whether the
+    /// version is live; locks and reads the pass's accounts' progress; all pipelined.
+    async fn fence_and_load(
+        &self,
+        tx: &Transaction<'_>,
+        batch: &Batch,
+        statements: &BatchStatements,
+        work: &mut Work<'_>,
+        first: bool,
+    ) -> Result<HashMap<i64, AccountState>, ApplyError> {
+        let accounts = work.account_ids();
+        let is_live = statements.is_live.as_ref();
+        let account_statements = statements.accounts.as_ref();
+        let states = if first {
+            let (fence, live, states) = futures::try_join!(
+                self.lock_offset(tx, batch, &statements.lock),
+                self.is_live(tx, is_live),
+                self.load_accounts(tx, account_statements, &accounts)
+            )?;
+            match fence {
+                Fence::Held(stored) if stored == batch.start_offset => {}
+                Fence::Held(stored) | Fence::Lost(stored) => {
+                    return Err(ApplyError::Fenced {
+                        consumer: self.consumer.clone(),
+                        topic: batch.topic.clone(),
+                        partition: batch.partition,
+                        start: batch.start_offset,
+                        stored,
+                    })
+                }
+            }
+            work.set_live(live);
+            states
+        } else {
+            let (live, states) = futures::try_join!(
+                self.is_live(tx, is_live),
+                self.load_accounts(tx, account_statements, &accounts)
+            )?;
+            work.set_live(live);
+            states
+        };
+        Ok(states)
     }
 
     fn check_batch(&self, batch: &Batch) -> Result<(), ApplyError> {
@@ -993,19 +993,21 @@ impl Applier {
         Ok(states)
     }
 
-    /// Adds waiting events, as rows of [`queries::LOAD_WAITING`], to the work.
-    fn push_stored(&self, work: &mut Work<'_>, rows: Vec<tokio_postgres::Row>) {
-        for row in rows {
-            let message = Message::new(row.get(5), row.get(6), row.get::<_, Vec<u8>>(7));
-            work.stored.push(StoredEvent {
-                account_id: row.get(0),
-                seq: row.get(1),
-                topic: row.get(3),
-                partition: row.get(4),
-                decoded: self.decode(&message),
-                message,
-            });
-        }
+    /// Waiting events, from rows of [`queries::LOAD_WAITING`], each decoded again.
+    fn waiting_events(&self, rows: Vec<tokio_postgres::Row>) -> Vec<WaitingEvent> {
+        rows.into_iter()
+            .map(|row| {
+                let message = Message::new(row.get(5), row.get(6), row.get::<_, Vec<u8>>(7));
+                WaitingEvent {
+                    account_id: row.get(0),
+                    seq: row.get(1),
+                    topic: row.get(3),
+                    partition: row.get(4),
+                    decoded: self.decode(&message),
+                    message,
+                }
+            })
+            .collect()
     }
 
     /// Decides, per account, what is applied now, what is a duplicate or a conflict, and
@@ -1031,23 +1033,7 @@ impl Applier {
                 )
                 .await
                 .map_err(self.db("loading waiting events"))?;
-            let mut loaded: HashMap<i64, i64> = HashMap::new();
-            for row in &rows {
-                *loaded.entry(row.get(0)).or_default() += 1;
-            }
-            work.truncated = loaded
-                .into_iter()
-                .filter(|(_, n)| *n >= DRAIN_LIMIT)
-                .map(|(a, _)| a)
-                .collect();
-            for row in &rows {
-                if work.truncated.contains(&row.get::<_, i64>(0)) {
-                    let seq: i64 = row.get(1);
-                    let highest = work.loaded_to.entry(row.get(0)).or_insert(seq);
-                    *highest = (*highest).max(seq);
-                }
-            }
-            self.push_stored(work, rows);
+            work.load_waiting(self.waiting_events(rows), DRAIN_LIMIT);
             // A batch event past what was loaded of its account may land on a `seq` that
             // an event already waits at: that one is loaded too, so that the sequencer
             // judges the two by their ids (a duplicate, or a conflict).
@@ -1060,7 +1046,7 @@ impl Applier {
                     )
                     .await
                     .map_err(self.db("loading waiting events"))?;
-                self.push_stored(work, rows);
+                work.add_waiting(self.waiting_events(rows));
             }
         }
         work.sequence(states, self.tracking == Tracking::Seq);
@@ -1144,7 +1130,7 @@ impl Applier {
                 "an order-independent view applies an event at or below the highest seq it has applied for the account, which its inbox does not know: a copy stamped with another occurred_at, a copy whose day was pruned, or events published out of order; it is counted (below_seen) and likely applied twice (see docs/operations.md)"
             );
         }
-        work.counts.below_seen += counted;
+        work.counts_mut().below_seen += counted;
         Ok(())
     }
 }

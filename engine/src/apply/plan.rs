@@ -93,7 +93,7 @@ pub(crate) struct Source<'a> {
 /// An event that waited in `projector.waiting_events`, loaded because its account is in
 /// the batch.
 #[derive(Debug, Clone)]
-pub(crate) struct StoredEvent {
+pub(crate) struct WaitingEvent {
     pub account_id: i64,
     pub seq: i64,
     pub topic: String,
@@ -165,36 +165,40 @@ pub(crate) struct Conflict {
     pub error: String,
 }
 
-/// Everything known about a batch while it is being applied.
+/// Everything known about a batch while it is being applied. Its fields are its own: the
+/// steps that load, run and record it read what they need through the methods below, and
+/// change it only through the few that say what they do (the waiting events loaded, whether
+/// the version is live, a statement's failure, the counts of what ran).
 #[derive(Debug)]
 pub(crate) struct Work<'b> {
     /// The topic and partition of the batch's messages.
-    pub topic: &'b str,
-    pub partition: i32,
+    topic: &'b str,
+    partition: i32,
     /// The messages of this pass over the batch (the whole batch, usually), borrowed: a pass
     /// copies none of them.
-    pub messages: &'b [Message],
+    messages: &'b [Message],
     /// Each message decoded, index for index.
-    pub decoded: &'b [Decoded],
-    pub stored: Vec<StoredEvent>,
-    pub accounts: Vec<AccountWork>,
-    pub dispositions: Vec<Disposition>,
-    pub conflicts: Vec<Conflict>,
+    decoded: &'b [Decoded],
+    /// The waiting events loaded for the pass's accounts, which [`Item::Waiting`] indexes.
+    waiting: Vec<WaitingEvent>,
+    accounts: Vec<AccountWork>,
+    dispositions: Vec<Disposition>,
+    conflicts: Vec<Conflict>,
     /// Emitted events whose event id an earlier emitted event of this batch already carries,
     /// each with that first carrier: one statement must not see an event twice, and the
     /// first one applies it.
-    pub repeats: HashMap<Item, Item>,
-    pub counts: Counts,
+    repeats: HashMap<Item, Item>,
+    counts: Counts,
     /// This version is live and its view emits notices: events past the boundary may emit.
-    pub live: bool,
+    live: bool,
     /// Accounts to plan although the batch holds none of their events: a repair drains
     /// what waits for them.
-    pub extra_accounts: Vec<i64>,
+    extra_accounts: Vec<i64>,
     /// Accounts with more waiting events than were loaded.
-    pub truncated: HashSet<i64>,
+    truncated: HashSet<i64>,
     /// For each truncated account, the highest `seq` of the lowest ones loaded: a stored
     /// event above it was loaded only because a batch event claims its `seq`.
-    pub loaded_to: HashMap<i64, i64>,
+    loaded_to: HashMap<i64, i64>,
 }
 
 impl<'b> Work<'b> {
@@ -221,7 +225,7 @@ impl<'b> Work<'b> {
             messages,
             dispositions: vec![Disposition::DeadLettered; decoded.len()],
             decoded,
-            stored: Vec::new(),
+            waiting: Vec::new(),
             accounts: Vec::new(),
             conflicts: Vec::new(),
             repeats: HashMap::new(),
@@ -234,6 +238,114 @@ impl<'b> Work<'b> {
                 ..Counts::default()
             },
         }
+    }
+
+    /// This work, also planning `accounts` although it holds none of their events: what
+    /// waits for them drains (a pass or a repair that drains accounts).
+    pub(crate) fn draining(mut self, accounts: Vec<i64>) -> Self {
+        self.extra_accounts = accounts;
+        self
+    }
+
+    /// The topic of the batch's messages.
+    pub(crate) fn topic(&self) -> &'b str {
+        self.topic
+    }
+
+    /// The partition of the batch's messages.
+    pub(crate) fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    /// Each message of the pass, decoded.
+    pub(crate) fn decoded(&self) -> &'b [Decoded] {
+        self.decoded
+    }
+
+    /// What became of each message of the pass.
+    pub(crate) fn dispositions(&self) -> &[Disposition] {
+        &self.dispositions
+    }
+
+    /// Each account's work, once sequenced.
+    pub(crate) fn accounts(&self) -> &[AccountWork] {
+        &self.accounts
+    }
+
+    /// The batch events that claim a `seq` another event holds.
+    pub(crate) fn conflicts(&self) -> &[Conflict] {
+        &self.conflicts
+    }
+
+    /// The counts so far.
+    pub(crate) fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    /// The counts, for the statements and lookups that count what they did.
+    pub(crate) fn counts_mut(&mut self) -> &mut Counts {
+        &mut self.counts
+    }
+
+    /// Whether this version is live and its view emits notices.
+    pub(crate) fn live(&self) -> bool {
+        self.live
+    }
+
+    /// Says whether this version is live and its view emits notices, as read in the batch's
+    /// transaction.
+    pub(crate) fn set_live(&mut self, live: bool) {
+        self.live = live;
+    }
+
+    /// A loaded waiting event, by its index ([`Item::Waiting`]).
+    pub(crate) fn waiting_event(&self, i: usize) -> &WaitingEvent {
+        &self.waiting[i]
+    }
+
+    /// The first carrier of an emitted event's id, when an earlier emitted event of the batch
+    /// carries it ([`Work::mark_repeated_ids`]).
+    pub(crate) fn repeat_of(&self, item: Item) -> Option<Item> {
+        self.repeats.get(&item).copied()
+    }
+
+    /// Whether more waiting events of `account` were left than were loaded.
+    pub(crate) fn is_truncated(&self, account: i64) -> bool {
+        self.truncated.contains(&account)
+    }
+
+    /// Records that the statement failed on the `k`-th emitted event of account `a` (an index
+    /// into [`Work::accounts`]), with the database's `error`.
+    pub(crate) fn fail(&mut self, a: usize, k: usize, error: String) {
+        self.accounts[a].failures.push((k, error));
+    }
+
+    /// Adds the waiting events of the pass's parked accounts, loaded at most `limit` per
+    /// account: an account with `limit` of them loaded has more (it is truncated), and the
+    /// highest `seq` of those loaded is remembered ([`Work::beyond_loaded`]).
+    pub(crate) fn load_waiting(&mut self, events: Vec<WaitingEvent>, limit: i64) {
+        let mut loaded: HashMap<i64, i64> = HashMap::new();
+        for e in &events {
+            *loaded.entry(e.account_id).or_default() += 1;
+        }
+        self.truncated = loaded
+            .into_iter()
+            .filter(|(_, n)| *n >= limit)
+            .map(|(a, _)| a)
+            .collect();
+        for e in &events {
+            if self.truncated.contains(&e.account_id) {
+                let highest = self.loaded_to.entry(e.account_id).or_insert(e.seq);
+                *highest = (*highest).max(e.seq);
+            }
+        }
+        self.waiting.extend(events);
+    }
+
+    /// Adds waiting events loaded because a batch event claims their `seq`, past what
+    /// [`Work::load_waiting`] loaded of their account.
+    pub(crate) fn add_waiting(&mut self, events: Vec<WaitingEvent>) {
+        self.waiting.extend(events);
     }
 
     /// The distinct accounts of the batch's sound events, sorted (the lock order).
@@ -253,14 +365,14 @@ impl<'b> Work<'b> {
     pub(crate) fn values(&self, item: Item) -> &[FieldValue] {
         match item {
             Item::Batch(i) => self.decoded[i].values(),
-            Item::Stored(i) => self.stored[i].decoded.values(),
+            Item::Waiting(i) => self.waiting[i].decoded.values(),
         }
     }
 
     pub(crate) fn event(&self, item: Item) -> Option<&Event> {
         match item {
             Item::Batch(i) => self.decoded[i].event(),
-            Item::Stored(i) => self.stored[i].decoded.event(),
+            Item::Waiting(i) => self.waiting[i].decoded.event(),
         }
     }
 
@@ -268,7 +380,7 @@ impl<'b> Work<'b> {
     pub(crate) fn is_held(&self, item: Item) -> bool {
         match item {
             Item::Batch(i) => self.decoded[i].is_held(),
-            Item::Stored(i) => self.stored[i].decoded.is_held(),
+            Item::Waiting(i) => self.waiting[i].decoded.is_held(),
         }
     }
 
@@ -276,7 +388,7 @@ impl<'b> Work<'b> {
     pub(crate) fn held(&self, item: Item) -> Option<(&Event, &str)> {
         let decoded = match item {
             Item::Batch(i) => &self.decoded[i],
-            Item::Stored(i) => &self.stored[i].decoded,
+            Item::Waiting(i) => &self.waiting[i].decoded,
         };
         match decoded {
             Decoded::Held { event, why } => Some((event, why.as_str())),
@@ -288,7 +400,7 @@ impl<'b> Work<'b> {
     pub(crate) fn sends(&self, item: Item) -> bool {
         match item {
             Item::Batch(i) => self.decoded[i].is_sent(),
-            Item::Stored(i) => self.stored[i].decoded.is_sent(),
+            Item::Waiting(i) => self.waiting[i].decoded.is_sent(),
         }
     }
 
@@ -304,8 +416,8 @@ impl<'b> Work<'b> {
                     payload: &m.payload,
                 }
             }
-            Item::Stored(i) => {
-                let s = &self.stored[i];
+            Item::Waiting(i) => {
+                let s = &self.waiting[i];
                 Source {
                     topic: &s.topic,
                     partition: s.partition,
@@ -317,10 +429,10 @@ impl<'b> Work<'b> {
         }
     }
 
-    /// Stored events that no longer decode: dead-lettered now, and gone from the waiting
+    /// Waiting events that no longer decode: dead-lettered now, and gone from the waiting
     /// table (never counted as ignored and deleted).
-    pub(crate) fn stored_poison(&self) -> impl Iterator<Item = usize> + '_ {
-        self.stored
+    pub(crate) fn waiting_poison(&self) -> impl Iterator<Item = usize> + '_ {
+        self.waiting
             .iter()
             .enumerate()
             .filter(|(_, s)| matches!(s.decoded, Decoded::Poison { .. }))
@@ -359,12 +471,12 @@ impl<'b> Work<'b> {
             }
         }
         let mut waiting: HashMap<i64, BTreeMap<i64, Item>> = HashMap::new();
-        for (i, s) in self.stored.iter().enumerate() {
+        for (i, s) in self.waiting.iter().enumerate() {
             if s.decoded.event().is_some() {
                 waiting
                     .entry(s.account_id)
                     .or_default()
-                    .insert(s.seq, Item::Stored(i));
+                    .insert(s.seq, Item::Waiting(i));
             }
         }
         for &account in &self.extra_accounts {
@@ -381,7 +493,7 @@ impl<'b> Work<'b> {
                 let held = waiting.get(&account_id);
                 events = self.claimed_by_the_dead(&initial, held, &claims, events);
             }
-            let stored = sequencer::Stored {
+            let start = sequencer::Start {
                 last_seq: initial.last_seq,
                 watermark: initial.watermark,
                 waiting: waiting.remove(&account_id).unwrap_or_default(),
@@ -392,7 +504,7 @@ impl<'b> Work<'b> {
                 _ => false,
             };
             let plan =
-                sequencer::plan_with(stored, &events, ordered, &|item| self.is_held(item), &same);
+                sequencer::plan_with(start, &events, ordered, &|item| self.is_held(item), &same);
             for (&(_, item), verdict) in events.iter().zip(&plan.verdicts) {
                 let Item::Batch(i) = item else { continue };
                 self.dispositions[i] = match verdict {
@@ -417,7 +529,7 @@ impl<'b> Work<'b> {
                 .iter()
                 .filter_map(|&(_, item)| match item {
                     Item::Batch(i) => Some(i),
-                    Item::Stored(_) => None,
+                    Item::Waiting(_) => None,
                 })
                 .collect();
             self.accounts.push(AccountWork {
@@ -445,7 +557,7 @@ impl<'b> Work<'b> {
                 });
             }
         }
-        for s in &self.stored {
+        for s in &self.waiting {
             if let Decoded::Poison { salvage, .. } = &s.decoded {
                 claims.entry(s.account_id).or_default().push(Claim {
                     seq: s.seq,
@@ -747,7 +859,7 @@ impl<'b> Work<'b> {
         let mut counts = Counts::default();
         let mut uncounted_repeats = 0;
         for a in 0..self.accounts.len() {
-            // Stored events whose seq was applied meanwhile leave as duplicates.
+            // Waiting events whose seq was applied meanwhile leave as duplicates.
             let stale = self.accounts[a].plan.stale.len() as u64;
             counts.drained += stale;
             counts.dup_seq += stale;
@@ -769,7 +881,7 @@ impl<'b> Work<'b> {
                     }
                     continue;
                 }
-                if let Item::Stored(_) = item {
+                if let Item::Waiting(_) = item {
                     counts.drained += 1;
                 }
                 if failed.contains(&k) {
@@ -798,8 +910,8 @@ impl<'b> Work<'b> {
             acc.plan.emitted = emitted[..=cut].to_vec();
         }
         self.counts.dup_inbox -= uncounted_repeats.min(self.counts.dup_inbox);
-        counts.drained += self.stored_poison().count() as u64;
-        counts.poison += self.stored_poison().count() as u64;
+        counts.drained += self.waiting_poison().count() as u64;
+        counts.poison += self.waiting_poison().count() as u64;
         counts.waiting = self
             .dispositions
             .iter()
@@ -819,7 +931,7 @@ impl<'b> Work<'b> {
             .filter(|a| {
                 let highest = self.loaded_to.get(&a.account_id).copied();
                 !a.plan.waiting.iter().any(|(seq, i)| {
-                    matches!(i, Item::Stored(_)) && highest.is_none_or(|h| *seq <= h)
+                    matches!(i, Item::Waiting(_)) && highest.is_none_or(|h| *seq <= h)
                 })
             })
             .map(|a| a.account_id)
@@ -844,7 +956,7 @@ impl<'b> Work<'b> {
                 for (i, d) in self.decoded.iter().enumerate() {
                     let after = match holder {
                         Item::Batch(h) => i > h,
-                        Item::Stored(_) => true,
+                        Item::Waiting(_) => true,
                     };
                     let candidate = after
                         && self.dispositions[i] == Disposition::Duplicate
@@ -859,11 +971,11 @@ impl<'b> Work<'b> {
         best
     }
 
-    /// What became, in this pass, of stored events that came from `topic`/`partition`
+    /// What became, in this pass, of waiting events that came from `topic`/`partition`
     /// (waiting events an earlier pass of the same batch stored): by offset.
-    pub(crate) fn stored_outcomes(&self) -> Vec<(i64, Disposition)> {
+    pub(crate) fn waiting_outcomes(&self) -> Vec<(i64, Disposition)> {
         let mut out = Vec::new();
-        for (i, s) in self.stored.iter().enumerate() {
+        for (i, s) in self.waiting.iter().enumerate() {
             if s.topic != self.topic || s.partition != self.partition {
                 continue;
             }
@@ -877,11 +989,11 @@ impl<'b> Work<'b> {
                     .plan
                     .emitted
                     .iter()
-                    .position(|(_, item)| *item == Item::Stored(i))
+                    .position(|(_, item)| *item == Item::Waiting(i))
                 {
                     let d = if failed.contains(&k) {
                         Disposition::DeadLettered
-                    } else if self.sends(Item::Stored(i)) {
+                    } else if self.sends(Item::Waiting(i)) {
                         Disposition::Applied
                     } else {
                         Disposition::Ignored
@@ -892,7 +1004,7 @@ impl<'b> Work<'b> {
                     .plan
                     .stale
                     .iter()
-                    .any(|(_, item)| *item == Item::Stored(i))
+                    .any(|(_, item)| *item == Item::Waiting(i))
                 {
                     out.push((s.message.offset, Disposition::Duplicate));
                 }
@@ -1042,6 +1154,63 @@ mod tests {
         );
         assert_eq!(w.counts.dup_inbox, 1);
         assert_eq!(w.dispositions[1], Disposition::Duplicate);
+    }
+
+    #[test]
+    fn an_account_with_as_many_waiting_as_loaded_has_more_to_drain() {
+        // Account 1 waits at seqs 3 and 4 (two loaded, the limit: more wait); account 2 at 5
+        // (one loaded: all of them).
+        let waiting_batch = batch(&[f(1, 3), f(1, 4), f(2, 5)]);
+        let waiting: Vec<WaitingEvent> = waiting_batch
+            .messages
+            .iter()
+            .zip(decoded(&waiting_batch))
+            .map(|(m, d)| {
+                let ev = d.event().expect("sound").clone();
+                WaitingEvent {
+                    account_id: ev.account_id,
+                    seq: ev.seq,
+                    topic: "t".to_owned(),
+                    partition: 0,
+                    message: m.clone(),
+                    decoded: d,
+                }
+            })
+            .collect();
+        // The batch brings account 1's seq 2 and 9, account 2's seq 4.
+        let b = batch(&[f(1, 2), f(1, 9), f(2, 4)]);
+        let d = decoded(&b);
+        let mut w = Work::new(&b, &d);
+        w.load_waiting(waiting, 2);
+        assert!(w.is_truncated(1) && !w.is_truncated(2));
+        assert_eq!(
+            w.beyond_loaded(),
+            (vec![1], vec![9]),
+            "an event may already wait at seq 9 of account 1; account 2 is loaded whole"
+        );
+        let states = [
+            (
+                1,
+                AccountState {
+                    last_seq: 1,
+                    blocked: Some(2),
+                    ..AccountState::default()
+                },
+            ),
+            (
+                2,
+                AccountState {
+                    last_seq: 3,
+                    blocked: Some(4),
+                    ..AccountState::default()
+                },
+            ),
+        ];
+        w.sequence(states.into(), true);
+        w.settle(true);
+        assert_eq!(w.more_to_drain(), [1], "every loaded one of account 1 left");
+        assert_eq!(w.counts().drained, 3);
+        assert_eq!(w.waiting_event(2).seq, 5);
     }
 
     #[test]

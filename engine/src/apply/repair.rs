@@ -176,7 +176,7 @@ impl Applier {
         let decoded: Vec<_> = batch.messages.iter().map(|m| self.decode(m)).collect();
         let mut work = Work::new(&batch, &decoded);
         let counts = self.repair_in(&mut tx, &mut work).await?;
-        let disposition = work.dispositions[0];
+        let disposition = work.dispositions()[0];
         if disposition != Disposition::DeadLettered {
             // A retry that sent the event to wait resolves it too (nothing is left to retry
             // until the account gets there); should it fail when it drains, the note opens
@@ -565,8 +565,7 @@ impl Applier {
         tx: &mut Transaction<'_>,
         account: i64,
     ) -> Result<(Counts, bool), ApplyError> {
-        let mut work = Work::pass("", 0, &[], &[]);
-        work.extra_accounts.push(account);
+        let mut work = Work::pass("", 0, &[], &[]).draining(vec![account]);
         let counts = self.repair_in(tx, &mut work).await?;
         Ok((counts, !work.more_to_drain().is_empty()))
     }
@@ -585,7 +584,7 @@ impl Applier {
             self.is_live(tx, is_live.as_ref()),
             self.load_accounts(tx, account_statements.as_ref(), &accounts)
         )?;
-        work.live = live;
+        work.set_live(live);
         self.plan(tx, work, states).await?;
         let release = self.execute(tx, work).await?;
         work.settle(self.ordered);

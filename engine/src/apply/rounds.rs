@@ -16,7 +16,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
 
 use crate::apply::plan::Work;
-use crate::apply::types::{ApplyError, Counts};
+use crate::apply::types::{describe_db_error, ApplyError, Counts};
 use crate::apply::Applier;
 use crate::event::Event;
 use crate::event::FieldValue;
@@ -226,20 +226,6 @@ fn is_inbox_conflict(e: &tokio_postgres::Error) -> bool {
     })
 }
 
-pub(crate) fn describe_db_error(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => {
-            let mut s = format!("{} ({})", db.message(), db.code().code());
-            if let Some(detail) = db.detail() {
-                s.push_str(": ");
-                s.push_str(detail);
-            }
-            s
-        }
-        None => e.to_string(),
-    }
-}
-
 impl Applier {
     /// Key-disjoint rounds of the events sent to the statement. Order-independent views, and
     /// order-dependent ones that take many events per account (each account's in `seq`
@@ -248,7 +234,7 @@ impl Applier {
     pub(crate) fn rounds(&self, work: &Work<'_>, by_account: bool) -> Vec<Vec<Slot>> {
         let mut rounds: Vec<Vec<Slot>> = Vec::new();
         let single = (!self.ordered || self.many_per_account) && !by_account;
-        for (a, acc) in work.accounts.iter().enumerate() {
+        for (a, acc) in work.accounts().iter().enumerate() {
             let mut r = 0;
             for (k, &(_, item)) in acc.plan.emitted.iter().enumerate() {
                 if work.is_repeat(item) || !work.sends(item) {
@@ -287,7 +273,7 @@ impl Applier {
         let mut days = std::collections::BTreeSet::new();
         let mut far_ahead = 0u64;
         for &(a, k) in rounds.iter().flatten() {
-            if let Some(event) = work.event(work.accounts[a].plan.emitted[k].1) {
+            if let Some(event) = work.event(work.accounts()[a].plan.emitted[k].1) {
                 days.insert(inbox::day_of(event.occurred_at));
                 far_ahead += u64::from(event.occurred_at > ahead);
             }
@@ -326,11 +312,11 @@ impl Applier {
             rounds
                 .iter()
                 .flatten()
-                .filter_map(|&(a, k)| work.event(work.accounts[a].plan.emitted[k].1))
+                .filter_map(|&(a, k)| work.event(work.accounts()[a].plan.emitted[k].1))
                 .filter(|e| inbox::day_of(e.occurred_at) < start)
                 .count() as u64
         });
-        work.counts.outside_window += behind + far_ahead;
+        work.counts_mut().outside_window += behind + far_ahead;
         // A day that has ended, or ends within five minutes by this process's clock: the
         // margin covers a clock behind PostgreSQL's, whose midnight decides which writes come
         // late; a mark too many only keeps a day a few minutes longer.
@@ -339,7 +325,7 @@ impl Applier {
             .into_iter()
             .filter(|d| inbox::bounds(*d).1 <= soon)
             .collect();
-        inbox::mark_late_in(tx, &self.consumer, work.topic, work.partition, &late)
+        inbox::mark_late_in(tx, &self.consumer, work.topic(), work.partition(), &late)
             .await
             .map_err(self.db("recording late writes into the inbox"))
     }
@@ -355,11 +341,11 @@ impl Applier {
         let c = Columns::new(
             &self.fields,
             round.iter().filter_map(|&(a, k)| {
-                let acc = &work.accounts[a];
+                let acc = &work.accounts()[a];
                 let item = acc.plan.emitted[k].1;
                 let event = work.event(item)?;
                 let past = acc.initial.emit_after.is_none_or(|after| event.seq > after);
-                Some((event, work.values(item), work.live && past))
+                Some((event, work.values(item), work.live() && past))
             }),
         );
         let row = tx.query_one(statement, &c.params(&self.consumer)).await?;
@@ -438,7 +424,7 @@ impl Applier {
                     skipped += round
                         .len()
                         .saturating_sub(usize::try_from(result.0).unwrap_or(0));
-                    self.count_statement(&mut work.counts, round.len(), result);
+                    self.count_statement(work.counts_mut(), round.len(), result);
                 }
                 // Republished events come in runs (a relay resending what it sent before a
                 // crash): while they last, each batch runs once, with `ON CONFLICT`.
@@ -520,7 +506,7 @@ impl Applier {
             // In an order-dependent view nothing after an account's failed event is applied.
             let round: Vec<Slot> = round
                 .into_iter()
-                .filter(|&(a, _)| !self.ordered || work.accounts[a].failures.is_empty())
+                .filter(|&(a, _)| !self.ordered || work.accounts()[a].failures.is_empty())
                 .collect();
             if round.is_empty() {
                 continue;
@@ -534,7 +520,7 @@ impl Applier {
                     sp.commit()
                         .await
                         .map_err(self.db("releasing a savepoint"))?;
-                    self.count_statement(&mut work.counts, round.len(), result);
+                    self.count_statement(work.counts_mut(), round.len(), result);
                     continue;
                 }
                 Err(e) if is_event_error(&e) => {
@@ -554,15 +540,15 @@ impl Applier {
                         sp.commit()
                             .await
                             .map_err(self.db("releasing a savepoint"))?;
-                        self.count_statement(&mut work.counts, 1, result);
+                        self.count_statement(work.counts_mut(), 1, result);
                     }
                     Err(e) if is_event_error(&e) => {
                         sp.rollback()
                             .await
                             .map_err(self.db("rolling back a savepoint"))?;
                         let message = describe_db_error(&e);
-                        tracing::warn!(consumer = %self.consumer, account = work.accounts[a].account_id, error = %message, "view statement failed; event dead-lettered");
-                        work.accounts[a].failures.push((k, message));
+                        tracing::warn!(consumer = %self.consumer, account = work.accounts()[a].account_id, error = %message, "view statement failed; event dead-lettered");
+                        work.fail(a, k, message);
                     }
                     Err(e) => return Err(self.db("applying one event")(e)),
                 }

@@ -186,7 +186,7 @@ pub enum ApplyError {
     },
     /// PostgreSQL failed in a way no single event explains (connection lost, deadlock, a
     /// broken view statement). The batch can be retried.
-    #[error("{consumer}: while {doing}: {}", crate::apply::rounds::describe_db_error(.error))]
+    #[error("{consumer}: while {doing}: {}", describe_db_error(.error))]
     Database {
         /// View version.
         consumer: String,
@@ -205,6 +205,23 @@ impl ApplyError {
             self,
             ApplyError::Database { .. } | ApplyError::InboxDaysMissing { .. }
         )
+    }
+}
+
+/// A database error as a dead letter or a log line shows it: the server's message, its
+/// SQLSTATE and its detail; the driver's own text for an error that did not come from the
+/// server.
+pub(crate) fn describe_db_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = format!("{} ({})", db.message(), db.code().code());
+            if let Some(detail) = db.detail() {
+                s.push_str(": ");
+                s.push_str(detail);
+            }
+            s
+        }
+        None => e.to_string(),
     }
 }
 

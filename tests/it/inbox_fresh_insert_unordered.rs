@@ -1,8 +1,9 @@
-//! Adversarial review of 306babe: every view with an inbox, order-independent ones (eod,
-//! `Tally`, `Ledger` below) and views on an unordered source included, now runs the plain
-//! inbox insert first (`queries::FRESH_INBOX_CTES`); a unique violation of the inbox rolls
-//! the batch back to `projector_batch` and runs the rounds again with `ON CONFLICT DO
-//! NOTHING`, and any further failure takes the careful path.
+//! An id the inbox already has, met by the plain (fresh) insert of an order-independent view
+//! or of a view on an unordered source. Since 306babe every view with an inbox,
+//! order-independent ones (eod, `Tally`, `Ledger` below) and views on an unordered source
+//! included, runs the plain inbox insert first (`queries::FRESH_INBOX_CTES`); a unique
+//! violation of the inbox rolls the batch back to `projector_batch` and runs the rounds again
+//! with `ON CONFLICT DO NOTHING`, and any further failure takes the careful path.
 //!
 //! Each test drives one way an id the inbox has (or will have) meets the plain insert of an
 //! order-independent view: republished batches, ids repeated in one batch or first carried by
@@ -1146,7 +1147,7 @@ async fn unordered_inbox_random_republishes_poison_failures_and_crashes_apply_ea
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known gap: inside a batch the lowest account's event keeps a reused id, across batches the first by offset; ranking by offset (tried) lost a waiting event whose first carrier failed (tests/it/review_round3.rs)"]
+#[ignore = "known gap: inside a batch the lowest account's event keeps a reused id, across batches the first by offset; ranking by offset (tried) lost a waiting event whose first carrier failed (tests/it/reused_ids_first_carrier.rs)"]
 async fn unordered_inbox_the_first_of_two_events_sharing_an_id_wins_whatever_the_batching() {
     // Two different events under one id (a producer bug): the inbox keeps the first one.
     // Across batches the first by offset wins; inside one batch `Work::mark_repeated_ids`

@@ -1,7 +1,8 @@
-//! Adversarial review of 1180f6c: the fast path of an order-dependent view on an ordered
-//! source inserts its inbox rows without `ON CONFLICT` (`queries::FRESH_INBOX_CTES`); an id
-//! the inbox has fails the statement, the batch rolls back to `projector_batch` and the
-//! careful path replays the rounds with the `ON CONFLICT DO NOTHING` statement.
+//! An id the inbox already has, met by the plain (fresh) insert of an order-dependent view on
+//! an ordered source. The fast path (1180f6c) inserts its inbox rows without `ON CONFLICT`
+//! (`queries::FRESH_INBOX_CTES`); an id the inbox has fails the statement, the batch rolls
+//! back to `projector_batch` and the careful path replays the rounds with the
+//! `ON CONFLICT DO NOTHING` statement.
 //!
 //! Each test drives one way a reused id can reach the fast statement (a drained waiting
 //! event, a retried dead letter, a skip, a drain, a failure with its correction, two

@@ -1,8 +1,9 @@
-//! Adversarial review of 3d322bc (a pass borrows its run of the batch: `Work` holds the
-//! topic, the partition and slices of the messages and of their decoded forms), 461437f
-//! (decode borrows strings, compares the key without writing the account id out, reads a
-//! decimal's digits without a `String`) and 5b0acc2 (whether an event goes to the view's
-//! statement is decided once, at decode: `Decoded::Event { sent, .. }`).
+//! What each pass of a batch sends to the view's statement, and that every pass sees its own
+//! run of the batch. Written by a review of 3d322bc (a pass borrows its run of the batch:
+//! `Work` holds the topic, the partition and slices of the messages and of their decoded
+//! forms), 461437f (decode borrows strings, compares the key without writing the account id
+//! out, reads a decimal's digits without a `String`) and 5b0acc2 (whether an event goes to
+//! the view's statement is decided once, at decode: `Decoded::Event { sent, .. }`).
 //!
 //! The decode is compared with the old one, message for message, by the unit tests in
 //! `engine/src/event.rs` (`old_decode_oracle`). Here, the apply path:

@@ -1,4 +1,6 @@
-//! Adversarial review, round 2, of three changes:
+//! Portfolio's statement (an update and an insert where an upsert was), the rerun of the
+//! rounds after the inbox's unique violation, and declared fields read in one pass, each equal
+//! to what it replaced. Written by a review of three changes:
 //!
 //! - b233fcb: portfolio moves a position that exists with `UPDATE ... FROM` (the version
 //!   filter is its condition) and opens a new one with `INSERT ... ON CONFLICT DO NOTHING`;
@@ -238,7 +240,7 @@ const FORGET: &str = "SET projector.inbox_layout = 'days'; \
      DELETE FROM projector.offsets WHERE consumer = 'portfolio_v1';";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review2_portfolio_update_insert_equals_the_old_upsert_under_replays_and_reused_ids() {
+async fn portfolio_update_insert_equals_the_old_upsert_under_replays_and_reused_ids() {
     for seed in [7_u64, 4242, 99] {
         let mut new = side(Portfolio::new(1)).await;
         let mut old = side(OldPortfolio(Portfolio::new(1))).await;
@@ -320,7 +322,7 @@ fn pf(account: i64, seq: i64, symbol: &str, side: &str, qty: &str, price: &str) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review2_portfolio_events_the_version_filter_refuses_open_nothing_and_announce_nothing() {
+async fn portfolio_events_the_version_filter_refuses_open_nothing_and_announce_nothing() {
     // Rows exist at versions 3 (A, closed by seq 3) and 2 (B); the account's progress and
     // the inbox are gone, so seq 1 to 3 reach the statement again. Each must write nothing:
     // not moved (version >= seq), not opened (the row exists: DO NOTHING), no notice for the
@@ -386,7 +388,7 @@ async fn review2_portfolio_events_the_version_filter_refuses_open_nothing_and_an
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review2_a_reused_id_in_a_later_round_reruns_every_round_once_with_one_notice() {
+async fn a_reused_id_in_a_later_round_reruns_every_round_once_with_one_notice() {
     // Round 1 of the second batch succeeds in the known-new statement (and emits nothing),
     // round 2 meets the reused id: the rollback to projector_batch undoes round 1, the rerun
     // applies both rounds once, and the flip in round 2 is announced once. The savepoint
@@ -476,7 +478,7 @@ fn tf(account: i64, seq: i64, qty: &str) -> EventSpec {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review2_a_reused_id_then_a_failure_and_its_correction_split_after_the_retry() {
+async fn a_reused_id_then_a_failure_and_its_correction_split_after_the_retry() {
     // The known-new statement fails on the reused id in round 1; the rerun with ON CONFLICT
     // passes round 1 and fails on the content error in round 2, so it rolls back to the same
     // savepoint again; the careful path dead-letters the bad event, the correction makes a
@@ -550,7 +552,7 @@ fn key(account: i64) -> Option<Vec<u8>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review2_portfolio_reads_escaped_and_nested_names_and_refuses_repeated_ones() {
+async fn portfolio_reads_escaped_and_nested_names_and_refuses_repeated_ones() {
     // Through the built-in types, check_data's typed structs run before extract_fields: a
     // repeated member is poison there (serde's duplicate field), whichever of them would win
     // in a map or in the visitor. Escaped names are the names they spell; a member nested in
@@ -643,7 +645,7 @@ impl Projection for Labels {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review2_declared_fields_of_a_custom_type_read_as_the_map_read_them() {
+async fn declared_fields_of_a_custom_type_read_as_the_map_read_them() {
     // The map (HashMap<String, &RawValue>) and the visitor agree: the last of a repeated
     // name wins (so an invalid first value is never looked at, and a null last one means
     // absent), escaped names are the names they spell, nested members and names that only

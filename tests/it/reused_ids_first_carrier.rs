@@ -1,18 +1,19 @@
-//! Adversarial review of b9c95a1 (every inbox row before the view rows; repeats no longer
-//! supersede dead letters; the first carrier of an id by offset) and 388dcc1 (after a batch
-//! meets the inbox, the next go straight to `ON CONFLICT`). It found, each test failing
-//! first:
-//! - `round3_a_waiting_event_whose_first_carrier_fails_is_lost_lower_account` and
-//!   `round3_the_first_carrier_wins_whatever_the_batching_when_one_waited`: ranking the
+//! Which event carries a reused id (its first carrier) and what its repeats do, whatever the
+//! batching, when a carrier waits or fails. Written by a review of b9c95a1 (every inbox row
+//! before the view rows; repeats no longer supersede dead letters; the first carrier of an id
+//! by offset) and 388dcc1 (after a batch meets the inbox, the next go straight to
+//! `ON CONFLICT`). It found, each test failing first:
+//! - `a_waiting_event_whose_first_carrier_fails_is_lost_lower_account` and
+//!   `the_first_carrier_wins_whatever_the_batching_when_one_waited`: ranking the
 //!   first carrier of an id by offset put a waiting event after another account's batch
 //!   event; when that one failed, the waiting event was dropped as its repeat (lost), and
 //!   which event kept the id still depended on the batching. The ranking went back to
 //!   account order.
-//! - `round3_a_repeat_at_another_seq_settles_the_dead_letter_whatever_the_batching`: no
+//! - `a_repeat_at_another_seq_settles_the_dead_letter_whatever_the_batching`: no
 //!   repeat held its (account, seq) any more, where one whose first carrier was applied
 //!   does, as it would in a later batch (inbox skip). A repeat now holds its seq exactly
 //!   when its first carrier was applied.
-//! - `round3_a_waiting_event_whose_first_carrier_fails_is_lost_higher_account`: the same loss
+//! - `a_waiting_event_whose_first_carrier_fails_is_lost_higher_account`: the same loss
 //!   as the first with the accounts swapped, older than both commits; `#[ignore]`d, a known
 //!   gap.
 //!
@@ -120,7 +121,7 @@ async fn waiting_repeat_of_a_failed_first_carrier(waiter: i64, failer: i64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round3_a_waiting_event_whose_first_carrier_fails_is_lost_lower_account() {
+async fn a_waiting_event_whose_first_carrier_fails_is_lost_lower_account() {
     // The waiting event's account (1) is lower than the failing carrier's (2): before
     // b9c95a1 the waiting event was the first carrier and was applied; now the failing
     // batch event comes first (offset 1 < its account's first batch event, offset 2).
@@ -129,7 +130,7 @@ async fn round3_a_waiting_event_whose_first_carrier_fails_is_lost_lower_account(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "known gap, older than this review: a waiting event that repeats the id of a batch event which then fails is dropped as a duplicate"]
-async fn round3_a_waiting_event_whose_first_carrier_fails_is_lost_higher_account() {
+async fn a_waiting_event_whose_first_carrier_fails_is_lost_higher_account() {
     // The same with the accounts swapped: the failing carrier's account is the lower one,
     // so the old ranking picked it too. A repeat in the batch with other bytes would be a
     // correction (`Work::split_point` splits the pass before it); a waiting one is no
@@ -138,7 +139,7 @@ async fn round3_a_waiting_event_whose_first_carrier_fails_is_lost_higher_account
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round3_the_first_carrier_wins_whatever_the_batching_when_one_waited() {
+async fn the_first_carrier_wins_whatever_the_batching_when_one_waited() {
     // Two events under one id (a producer bug). The first by offset is account 1's seq 2,
     // which waits for seq 1 when it comes in a batch of its own. b9c95a1 ranks a waiting
     // event where its account's first batch event is (offset 2 here), so account 2's event
@@ -162,7 +163,7 @@ async fn round3_the_first_carrier_wins_whatever_the_batching_when_one_waited() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round3_a_repeat_at_another_seq_settles_the_dead_letter_whatever_the_batching() {
+async fn a_repeat_at_another_seq_settles_the_dead_letter_whatever_the_batching() {
     // Account 1's seq 2 fails and parks the account. Then id x, applied to account 2, comes
     // again at account 1's seq 2. In a later batch the copy is sent, the inbox skips it, and
     // it holds seq 2 like any emitted event: the dead letter is superseded. In the same batch
@@ -265,7 +266,7 @@ async fn plan(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round3_every_built_in_view_reads_all_of_fresh_before_ev_yields() {
+async fn every_built_in_view_reads_all_of_fresh_before_ev_yields() {
     // The plain insert: `ev` is a Result whose one-time filter is an InitPlan counting all
     // of `fresh`, and every view's CTEs (portfolio's notices included) and the final count
     // read `ev` only. `ON CONFLICT`: `ev` joins `fresh` with `fresh` hashed or scanned in
@@ -303,7 +304,7 @@ async fn round3_every_built_in_view_reads_all_of_fresh_before_ev_yields() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn round3_the_hint_keeps_every_outcome_exact_with_racing_partitions() {
+async fn the_hint_keeps_every_outcome_exact_with_racing_partitions() {
     // Two partitions' workers share one applier, and so its hint: runs of republished events,
     // new events, poison and a reused id, applied concurrently in small batches, so that
     // each worker's batches run with whatever the other left in the hint. Every id once,

@@ -1,22 +1,24 @@
-//! Adversarial review of f378fff (a repeat of an id earlier in the batch holds its
-//! `(account, seq)`, and so supersedes the open dead letters there, exactly when its first
-//! carrier was applied; the first carrier is ranked in account order again). Each test
+//! When a repeat of a reused id holds its `(account, seq)`, and so settles the open dead
+//! letters there, whatever the batching. Written by a review of f378fff (a repeat of an id
+//! earlier in the batch holds its `(account, seq)`, and so supersedes the open dead letters
+//! there, exactly when its first carrier was applied; the first carrier is ranked in account
+//! order again). Each test
 //! applies the same events in one batch and split over two, and compares the dead letters,
 //! the parks and the progress: across batches the repeat meets the inbox (its first carrier
 //! was applied) and holds its seq, or is applied itself (it was not).
 //!
-//! - `round4_a_repeat_of_a_held_back_carrier_settles_the_dead_letter_whatever_the_batching`:
+//! - `a_repeat_of_a_held_back_carrier_settles_the_dead_letter_whatever_the_batching`:
 //!   the first carrier is held back (an earlier event of its account failed in an
 //!   order-dependent view), so it is not "applied" and the repeat, in another account, does
 //!   not hold its seq; the repeat was never sent either. Across batches the carrier waits,
 //!   the repeat is applied and supersedes. In one batch the dead letter stays open while the
 //!   repeat's account unparks past it.
-//! - `round4_a_repeat_earlier_by_offset_of_a_failing_carrier_whatever_the_batching`: the
+//! - `a_repeat_earlier_by_offset_of_a_failing_carrier_whatever_the_batching`: the
 //!   first carrier in account order fails; its repeat comes earlier by offset, so
 //!   `Work::split_point` (corrections after the failed event only) does not split: the
 //!   repeat is dropped, its dead letter stays open, and the carrier is dead-lettered, where
 //!   across batches the repeat is applied and the carrier skipped by the inbox.
-//! - `round4_a_failing_repeat_earlier_by_offset_resolves_nothing_whatever_the_batching`: the
+//! - `a_failing_repeat_earlier_by_offset_resolves_nothing_whatever_the_batching`: the
 //!   other way round: the repeat is earlier by offset and would fail, its carrier (lower
 //!   account) is applied, so the repeat holds its seq and supersedes a dead letter that
 //!   stays open across batches (there the repeat is sent first and fails).
@@ -52,7 +54,7 @@ async fn one_batch_vs_two(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round4_a_repeat_of_a_held_back_carrier_settles_the_dead_letter_whatever_the_batching() {
+async fn a_repeat_of_a_held_back_carrier_settles_the_dead_letter_whatever_the_batching() {
     let feed = [
         f(2, 1, "1000000").with_id("d"), // 0: fails (dead letter at account 2, seq 1)
         f(1, 1, "1000000").with_id("p"), // 1: fails: account 1 holds back what follows
@@ -68,7 +70,7 @@ async fn round4_a_repeat_of_a_held_back_carrier_settles_the_dead_letter_whatever
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "known gap, older than these reviews: a reused id whose first carrier in account order comes later by offset than its repeat"]
-async fn round4_a_repeat_earlier_by_offset_of_a_failing_carrier_whatever_the_batching() {
+async fn a_repeat_earlier_by_offset_of_a_failing_carrier_whatever_the_batching() {
     let feed = [
         f(2, 1, "1000000").with_id("d"), // 0: fails (dead letter at account 2, seq 1)
         f(2, 1, "2").with_id("x"),       // 1: x, fills account 2's seq 1
@@ -83,7 +85,7 @@ async fn round4_a_repeat_earlier_by_offset_of_a_failing_carrier_whatever_the_bat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "known gap, older than these reviews: a reused id whose first carrier in account order comes later by offset than its repeat"]
-async fn round4_a_failing_repeat_earlier_by_offset_resolves_nothing_whatever_the_batching() {
+async fn a_failing_repeat_earlier_by_offset_resolves_nothing_whatever_the_batching() {
     let feed = [
         f(2, 1, "1000000").with_id("d"), // 0: fails (dead letter at account 2, seq 1)
         f(2, 1, "1000000").with_id("x"), // 1: x at account 2's seq 1, would fail too

@@ -1,6 +1,8 @@
-//! Holes an adversarial review of rebuilding and operations found, each proved by a test
-//! that failed before its fix and guards it now. Each test says the scenario and the
-//! consequence.
+//! Rebuilds, cutovers, retires and repairs racing each other or losing their sessions: a
+//! cancel against a cutover, running locks held again after a lost session, a second cutover,
+//! a retire against a cutover, a skip or a retry with events behind it, a pause during the
+//! snapshot. Each test failed before its fix (found by a review of rebuilding and operations)
+//! and guards it now; each says the scenario and the consequence.
 //!
 //! 1. `hole_r1_*`: a cancel whose drop waits for the rebuild to stop, and a cutover of the
 //!    version in the meantime: the cancelled version goes live, and the cancel then drops

@@ -1,6 +1,7 @@
-//! Holes an adversarial review of the hardened apply path found, each proved by a test that
-//! failed before its fix and guards it now. Each test says the scenario, the consequence,
-//! and where it came from.
+//! The apply path when a statement fails, a writer waits for an account, a worker cannot
+//! commit or a correction shares its batch: no event lost or applied twice, no partition
+//! wedged. Each test failed before its fix (holes a review of the hardened apply path found)
+//! and guards it now; each says the scenario, the consequence, and where it came from.
 //!
 //! 1. `hole_a_*`: after a failed statement cuts an account, `last_event_id` names the wrong
 //!    event: true duplicates become conflicts, true conflicts vanish as duplicates.

@@ -1,8 +1,9 @@
-//! Adversarial review of d626fba ("risk: one statement per batch, folding each account's run
-//! of events in seq order"): `Projection::many_per_account` sends an order-dependent view's
-//! batch in one statement, and risk's SQL folds each account's run (per symbol the sum of the
-//! changes, the last price and the greatest seq; the account row moved once; the largest
-//! position from the moved symbols, the previous largest, or a rescan).
+//! Risk folds each account's run of a batch in one statement, and the fold must equal the
+//! events one at a time (from a review of d626fba, "risk: one statement per batch, folding
+//! each account's run of events in seq order"): `Projection::many_per_account` sends an
+//! order-dependent view's batch in one statement, and risk's SQL folds each account's run (per
+//! symbol the sum of the changes, the last price and the greatest seq; the account row moved
+//! once; the largest position from the moved symbols, the previous largest, or a rescan).
 //!
 //! The reference is the same events applied one at a time: a second version of risk fed one
 //! event per batch, and a third version whose fold is turned off (`unfolded`, a `Variant`: the
@@ -396,7 +397,7 @@ async fn differential(
 /// third; four seeds here and two there made the suite's slowest tests): the fold equals the
 /// events one at a time everywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_fold_big_batches_equal_one_event_at_a_time_everywhere() {
+async fn risk_fold_big_batches_equal_one_event_at_a_time_everywhere() {
     for seed in [7u64, 10] {
         if let Err(e) = differential(Arc::new(Risk::new(1)), seed, "").await {
             panic!("{e}");
@@ -407,7 +408,7 @@ async fn review_fold_big_batches_equal_one_event_at_a_time_everywhere() {
 /// The same under the plan PostgreSQL caches (forced generic) and without sequential scans:
 /// the plan does not change what the fold writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_fold_equals_one_event_at_a_time_under_the_generic_plan() {
+async fn risk_fold_equals_one_event_at_a_time_under_the_generic_plan() {
     for seed in [11u64] {
         if let Err(e) = differential(
             Arc::new(Risk::new(1)),
@@ -424,7 +425,7 @@ async fn review_fold_equals_one_event_at_a_time_under_the_generic_plan() {
 /// The comparison has teeth: a fold that keeps the first price of a run instead of the last,
 /// or whose rescan reads the moved symbols' old positions, is caught.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_fold_the_comparison_catches_a_broken_fold() {
+async fn risk_fold_the_comparison_catches_a_broken_fold() {
     let mutants: [Vec<(&'static str, &'static str)>; 2] = [
         vec![(
             "array_agg(p ORDER BY seq DESC)",
@@ -491,7 +492,7 @@ async fn one_batch_vs_one_at_a_time(pre: &[EventSpec], batch: &[EventSpec]) -> [
 /// decimals; a bust of a fill of the same batch; a new account. The rows equal one event at a
 /// time, in text, and the book's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_fold_largest_position_cases_equal_one_event_at_a_time() {
+async fn risk_fold_largest_position_cases_equal_one_event_at_a_time() {
     const BIG: &str = "79228162514264337593543950335";
     const TINY: &str = "0.0000000000000000000000000001";
     let pre = vec![
@@ -555,7 +556,7 @@ async fn review_fold_largest_position_cases_equal_one_event_at_a_time() {
 /// the log in one big batch (events at or below the watermarks dropped, the rest folded),
 /// equals the live version fed one event per batch, in text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_fold_snapshot_then_folded_tail_equals_the_live_version() {
+async fn risk_fold_snapshot_then_folded_tail_equals_the_live_version() {
     let mut rng = Lcg(0x5a4b);
     let mut events: Vec<EventSpec> = Vec::new();
     let per_account: Vec<Vec<EventSpec>> =
@@ -622,7 +623,7 @@ async fn review_fold_snapshot_then_folded_tail_equals_the_live_version() {
 /// (`orphaned` in risk.sql), folded or not: the event is dead-lettered with a message naming
 /// the account, and the account parks, both ways alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_fold_a_lost_account_row_fails_folded_as_one_event_at_a_time() {
+async fn risk_fold_a_lost_account_row_fails_folded_as_one_event_at_a_time() {
     let folded: Arc<dyn Projection> = Arc::new(Risk::new(1));
     let unfolded: Arc<dyn Projection> = unfolded(3);
     let mut registry = Registry::new();

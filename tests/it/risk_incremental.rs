@@ -1,4 +1,4 @@
-//! Adversarial review of risk's incremental account row (views/src/risk/risk.sql): the row an
+//! Risk's incremental account row (views/src/risk/risk.sql), from a review of it: the row an
 //! event leaves must be the one the account's whole book (`risk_positions_v<n>`) gives, in
 //! value and text, whatever the path that brought the book there.
 //!
@@ -8,7 +8,7 @@
 //! writers sharing accounts; the generic plan). The one `#[ignore]`d test shows what was given
 //! up: an account row lost beside its book (out-of-band only) is no longer rebuilt from the
 //! book at the next event; that event is dead-lettered instead, with a message naming the
-//! account (`tests/it/review_risk_fold.rs` checks it).
+//! account (`tests/it/risk_fold.rs` checks it).
 
 use std::sync::Arc;
 
@@ -99,7 +99,7 @@ fn stress(seed: u64, accounts: i64, per_account: i64) -> Vec<EventSpec> {
 /// Many accounts per round, ties, zero prices, extreme decimals, case-only symbol
 /// differences, redeliveries and crashes: after every batch each stored row equals the book's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_risk_stress_rows_equal_the_book_after_every_batch() {
+async fn risk_stress_rows_equal_the_book_after_every_batch() {
     for seed in [1u64, 2, 3] {
         let events = stress(seed, 6, 70);
         let (db, view) = risk_db(1).await;
@@ -216,7 +216,7 @@ const VALUE_DIFFERENCES: &str =
 /// kept), the new code continues them. Every row must keep the book's value, and once every
 /// account has had an event under the new code, its text too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_risk_rows_of_the_previous_code_continue_to_the_book() {
+async fn risk_rows_of_the_previous_code_continue_to_the_book() {
     let events = stress(11, 5, 60);
     let (db, view) = risk_db(1).await;
     let mut client = db.client().await;
@@ -271,7 +271,7 @@ async fn review_risk_rows_of_the_previous_code_continue_to_the_book() {
 /// Rebuilt from a snapshot of the book part-way, then the tail: the rebuilt version equals
 /// the live one in text, and both equal the book.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_risk_snapshot_then_tail_equals_the_live_version_in_text() {
+async fn risk_snapshot_then_tail_equals_the_live_version_in_text() {
     let events = stress(21, 5, 60);
     let mut registry = Registry::new();
     for v in 1..=3 {
@@ -340,7 +340,7 @@ async fn review_risk_snapshot_then_tail_equals_the_live_version_in_text() {
 /// concurrently: events wait for their gaps, drain when filled, and the account lock
 /// serializes the writers. The result equals one writer's, and the book's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn review_risk_two_concurrent_writers_sharing_accounts_equal_one_writer() {
+async fn risk_two_concurrent_writers_sharing_accounts_equal_one_writer() {
     let events = stress(31, 4, 80);
     let mut registry = Registry::new();
     for v in 1..=2 {
@@ -399,7 +399,7 @@ async fn review_risk_two_concurrent_writers_sharing_accounts_equal_one_writer() 
 /// skip them), poison that parks accounts, and the repairs: `dlq skip` of each dead letter,
 /// `parked skip` and drains. The rows equal the book throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_risk_reused_ids_poison_and_repairs_keep_rows_equal_to_the_book() {
+async fn risk_reused_ids_poison_and_repairs_keep_rows_equal_to_the_book() {
     let events = stress(41, 5, 60);
     let (db, view) = risk_db(1).await;
     let mut client = db.client().await;
@@ -507,7 +507,7 @@ async fn review_risk_reused_ids_poison_and_repairs_keep_rows_equal_to_the_book()
 /// growing), under the engine's `enable_seqscan = off`: every risk table is read by key or
 /// tuple id, never scanned whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_risk_generic_plan_reads_no_whole_table() {
+async fn risk_generic_plan_reads_no_whole_table() {
     let (db, view) = risk_db(1).await;
     let client = db.client().await;
     for (stats_first, seqscan) in [(false, "on"), (true, "off")] {
@@ -582,7 +582,7 @@ async fn review_risk_generic_plan_reads_no_whole_table() {
 /// and parks the account. Shows the self-healing that was given up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "out-of-band state only: shows the self-healing the incremental row gave up"]
-async fn review_risk_account_row_missing_beside_its_book_is_not_rebuilt() {
+async fn risk_account_row_missing_beside_its_book_is_not_rebuilt() {
     let (db, view) = risk_db(1).await;
     let mut client = db.client().await;
     let applier = applier(view.clone());
@@ -610,7 +610,7 @@ async fn review_risk_account_row_missing_beside_its_book_is_not_rebuilt() {
 /// grows, a new account) moves each book row and each account row once, and leaves the same
 /// rows, in text, as the same events applied one at a time to another version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_risk_a_batch_writes_each_row_once_and_equals_one_event_at_a_time() {
+async fn risk_a_batch_writes_each_row_once_and_equals_one_event_at_a_time() {
     let (batched, single): (Arc<dyn Projection>, Arc<dyn Projection>) =
         (Arc::new(Risk::new(1)), Arc::new(Risk::new(2)));
     let mut registry = Registry::new();
@@ -679,7 +679,7 @@ async fn review_risk_a_batch_writes_each_row_once_and_equals_one_event_at_a_time
 /// alone fails whole (the engine then isolates that event), and a single such event fails
 /// with its own error, as it did before runs were folded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_risk_a_run_with_an_event_that_fails_alone_fails_whole() {
+async fn risk_a_run_with_an_event_that_fails_alone_fails_whole() {
     use rust_decimal::Decimal;
     let (db, view) = risk_db(1).await;
     let mut client = db.client().await;

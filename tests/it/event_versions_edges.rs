@@ -1,5 +1,8 @@
-//! The adversarial review of event versions (issue 28): how a message of a version a view
-//! reads, or does not read yet, could be lost, applied twice, skipped or stop a view.
+//! Event versions at their edges (issue 28), beside `event_versions.rs`: a message of a
+//! version a view reads, or does not read yet, is never lost, applied twice or skipped, and
+//! never stops a view (a panicking upcaster, a readable copy of a held event, copies of one
+//! event at two versions, a build that reads held events, the dead-letter policy, a type
+//! version that is not one). The tests were written by a review of event versions.
 //!
 //! Every test compares with the fold of the same logical events at version 1 by the built-in
 //! views as they were before event versions (`projector_views::previous`), as
