@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use projector_engine::rng::Rng;
 use serde::Serialize;
 
 /// Symbols and their base prices in units of 1e-5.
@@ -217,25 +218,12 @@ pub fn fixed(value: i128, scale: u32) -> String {
     )
 }
 
-/// A small deterministic generator: the same arguments give the same stream.
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n.max(1)
-    }
-}
-
 /// `count` events over `accounts` accounts: about 90% fills, 4% busts of earlier fills of the
 /// same account, 6% cash movements; random buys and sells, so positions open, add, reduce,
 /// close and flip. Each account's events are in `seq` order; accounts interleave randomly.
 /// `prefix` makes the event ids of two streams distinct.
 pub fn generate(prefix: &str, count: usize, accounts: i64, seed: u64) -> Vec<BenchEvent> {
-    let mut rng = Lcg(seed);
+    let mut rng = Rng::new(seed);
     let accounts = accounts.max(1);
     let mut seqs: HashMap<i64, i64> = HashMap::new();
     // Fills not yet busted, per account: (event id, symbol, buy, qty, price).
@@ -245,7 +233,7 @@ pub fn generate(prefix: &str, count: usize, accounts: i64, seed: u64) -> Vec<Ben
     let n = count.max(1) as u64;
     let mut out = Vec::with_capacity(count);
     for i in 0..count as u64 {
-        let account_id = 1 + rng.below(accounts.unsigned_abs()) as i64;
+        let account_id = 1 + rng.int(accounts);
         let seq = {
             let s = seqs.entry(account_id).or_insert(0);
             *s += 1;
@@ -256,7 +244,7 @@ pub fn generate(prefix: &str, count: usize, accounts: i64, seed: u64) -> Vec<Ben
         let roll = rng.below(100);
         let fills = open_fills.entry(account_id).or_default();
         let kind = if roll < 4 && !fills.is_empty() {
-            let k = rng.below(fills.len() as u64) as usize;
+            let k = rng.below(fills.len());
             let (fill_event_id, symbol, buy, qty, price) = fills.swap_remove(k);
             Kind::Bust {
                 fill_event_id,
@@ -266,24 +254,24 @@ pub fn generate(prefix: &str, count: usize, accounts: i64, seed: u64) -> Vec<Ben
                 price,
             }
         } else if roll < 10 {
-            let cents = 1 + rng.below(100_000) as i64;
+            let cents = 1 + rng.int(100_000);
             Kind::Cash {
                 amount: if rng.below(2) == 0 { cents } else { -cents },
             }
         } else {
-            let symbol = rng.below(SYMBOLS.len() as u64) as usize;
+            let symbol = rng.below(SYMBOLS.len());
             let base = SYMBOLS[symbol].1;
             // Within 1% of the base price.
-            let price = base - base / 100 + rng.below((base / 50).unsigned_abs().max(1)) as i64;
+            let price = base - base / 100 + rng.int((base / 50).abs().max(1));
             let buy = rng.below(2) == 0;
-            let qty = 1 + rng.below(100) as i64;
+            let qty = 1 + rng.int(100);
             fills.push((event_id.clone(), symbol, buy, qty, price));
             Kind::Fill {
                 symbol,
                 buy,
                 qty,
                 price,
-                fee: rng.below(201) as i64,
+                fee: rng.int(201),
             }
         };
         out.push(BenchEvent {

@@ -1230,6 +1230,6 @@ mod tests {
     }
 }
 
-// The decode as it was before its strings were borrowed: an oracle for the current one.
+// The decode held to the verdicts of the one before: a frozen corpus.
 #[cfg(test)]
-mod old_decode_oracle;
+mod corpus;

@@ -27,6 +27,7 @@
 //! - [`kafka`]: the Kafka source; the producer and a dev broker are in `projector-devkit`.
 //! - [`processes`]: which process consumes, fails to start or skips which version.
 //! - [`schema`]: the engine's migrations and view installation (`projector migrate`).
+//! - [`rng`]: the small seeded generator the tests, the bench and the dev write side share.
 //! - [`sql_view`]: views written as `.sql` files, loaded at start without compiling.
 //! - [`metrics`]: counters and a histogram through the `metrics` facade, recorded by the apply
 //!   path. Operations (status, the health rule, gauges, inbox retention, reconciliation) are
@@ -46,6 +47,7 @@ pub mod metrics;
 pub mod processes;
 pub mod projection;
 pub mod queries;
+pub mod rng;
 pub mod schema;
 mod sequencer;
 pub mod sql_view;

@@ -7,7 +7,8 @@
 //! rules in docs/views.md with `rust_decimal`, one event at a time, in `seq` order; they
 //! catch SQL mistakes that a handful of golden rows miss. Also here: eod under any
 //! interleaving and duplicates, portfolio under duplicates with the version filter as the last
-//! line of defence, and portfolio and risk rebuilt from a snapshot of the write side.
+//! line of defence, and portfolio and risk rebuilt from a snapshot of the write side (by hand,
+//! and as the suite's snapshot schedule, with a SQL view that has a `snapshot` section).
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -425,9 +426,25 @@ async fn conforms_and_equals_the_fold(
     assert!(expected.len() >= 4, "the stream is too thin: {expected:?}");
     assert_eq!(view_rows(&client, &*view, sql).await, expected);
 
-    let report = conformance::run(factory, events).await;
-    assert_eq!(report.schedules.len(), conformance::SCHEDULES.len());
+    // With the development write side's positions, a view with a snapshot statement is also
+    // rebuilt from a snapshot and tailed: rebuild = live.
+    let report = conformance::run_with(factory, events, Some(&write_side())).await;
+    let snapshot = usize::from(view.snapshot_sql().is_some());
+    assert_eq!(
+        report.schedules.len(),
+        conformance::SCHEDULES.len() + snapshot
+    );
     assert_eq!(report.rows, dump(&client, &*view).await);
+}
+
+/// The development write side's `positions` and `account_seq`, moved by fills and busts: what
+/// the suite's snapshot schedule seeds a view from.
+fn write_side() -> conformance::WriteSide {
+    conformance::WriteSide {
+        schema: projector_devkit::writeside::snapshot_schema_sql().to_owned(),
+        book: projector_devkit::writeside::book_trade_sql().to_owned(),
+        books: vec!["fill_executed".to_owned(), "fill_busted".to_owned()],
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -810,4 +827,64 @@ async fn portfolio_and_risk_rebuilt_from_a_snapshot_equal_the_live_versions() {
         view_rows(&client, &Risk::new(3), RISK_ROWS).await,
         risk_fold(&events)
     );
+}
+
+/// A SQL view with a `snapshot` section, as `projector views check` runs it: the suite's
+/// snapshot schedule seeds it from the write side's positions part-way through the stream,
+/// tails the rest, and its rows equal the live schedules' (rebuild = live).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sql_view_with_a_snapshot_is_rebuilt_from_it_as_it_runs_live() {
+    const LAST_TRADE: &str = "\
+-- view: last_trade
+-- version: 1
+-- subscribes: fill_executed v2, fill_busted v2
+-- fields: symbol text, qty decimal, price decimal
+-- dedup: inbox
+
+-- name: ddl
+CREATE TABLE IF NOT EXISTS last_trade_v{v} (
+    account_id bigint  NOT NULL,
+    symbol     text    NOT NULL,
+    net_qty    numeric NOT NULL,
+    last_price numeric NOT NULL,
+    version    bigint  NOT NULL,
+    PRIMARY KEY (account_id, symbol)
+);
+
+-- name: write
+-- A bust reverses its fill: its (signed) quantity counts against the position.
+INSERT INTO last_trade_v{v} AS t (account_id, symbol, net_qty, last_price, version)
+SELECT ev.account_id, ev.symbol,
+       CASE WHEN ev.type = 'fill_executed' THEN ev.qty ELSE -ev.qty END, ev.price, ev.seq
+FROM ev
+ON CONFLICT (account_id, symbol) DO UPDATE
+SET net_qty = t.net_qty + EXCLUDED.net_qty,
+    last_price = EXCLUDED.last_price,
+    version = EXCLUDED.version
+RETURNING 1;
+
+-- name: read
+SELECT account_id, symbol, net_qty, last_price, version FROM last_trade_v{v};
+
+-- name: snapshot
+WITH seeded AS (
+    INSERT INTO last_trade_v{v} (account_id, symbol, net_qty, last_price, version)
+    SELECT account_id, symbol, net_qty, last_price, last_seq FROM positions
+    RETURNING 1
+)
+SELECT account_id, last_seq AS watermark_seq FROM account_seq;
+";
+    let compiled = projector_views::registry().expect("built-in views");
+    let upcasters = projector_engine::sql_view::upcasters_of(compiled.all());
+    let view = projector_engine::sql_view::parse(
+        &[("last_trade.sql".to_owned(), LAST_TRADE.to_owned())],
+        &upcasters,
+    )
+    .expect("the view parses")
+    .with_rules_of(compiled.all());
+    let factory: Factory = Arc::new(move |v| Arc::new(view.with_version(v)) as Arc<dyn Projection>);
+    let report = conformance::run_with(factory, &stream(14), Some(&write_side())).await;
+    let rebuilt = report.schedules.last().expect("schedules");
+    assert_eq!(rebuilt.schedule, conformance::SNAPSHOT_SCHEDULE);
+    assert!(rebuilt.counts.dup_watermark > 0, "{:?}", rebuilt.counts);
 }

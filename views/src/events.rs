@@ -240,6 +240,6 @@ fn check_signed_trade(
 #[cfg(test)]
 mod tests;
 
-// The decode before its strings were borrowed, built-in rules and all: an oracle for these.
+// The decode held to the verdicts of the one before: a frozen corpus.
 #[cfg(test)]
-mod old_decode_oracle;
+mod corpus;

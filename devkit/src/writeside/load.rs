@@ -33,7 +33,7 @@ use super::counters::add;
 use super::error::WriteSideError;
 use super::intake::{Intake, Outcome};
 use super::ledger::{Command, Order, Side};
-use super::rng::Rng;
+use projector_engine::rng::Rng;
 
 /// Symbols the clients trade (and the built-in quote feed quotes): name, a price around which
 /// they trade in units of 10^-scale, and that scale.
@@ -147,7 +147,7 @@ impl LoadConfig {
     fn pick_account(&self, rng: &mut Rng) -> i64 {
         let hot = self.hot_accounts();
         let cold = self.accounts - hot;
-        let to_hot = hot > 0 && (cold == 0 || rng.chance(self.hot_traffic_percent));
+        let to_hot = hot > 0 && (cold == 0 || rng.chance(usize::from(self.hot_traffic_percent)));
         if to_hot {
             1 + rng.int(hot)
         } else {
@@ -250,7 +250,7 @@ async fn client(
         let account_id = config.pick_account(&mut rng);
         let command = next_command(shared, &mut rng, account_id).await?;
         let key = format!("{}-{index}-{n}", shared.run);
-        let retry = rng.chance(config.retry_percent);
+        let retry = rng.chance(usize::from(config.retry_percent));
         let race = retry && rng.chance(50);
         let outcome = if race {
             // Two attempts at once, as a client that timed out and resent while the first was
@@ -283,7 +283,7 @@ async fn client(
             });
         }
         if let Some(l) = &last {
-            if rng.chance(config.misuse_percent) {
+            if rng.chance(usize::from(config.misuse_percent)) {
                 // The same key, another body: must be refused, not answered with the first
                 // request's reply.
                 let other = changed(&l.command);
@@ -334,7 +334,7 @@ fn take_fill(shared: &Shared, rng: &mut Rng, account_id: i64) -> Option<String> 
     if list.is_empty() {
         return None;
     }
-    let i = usize::try_from(rng.below(list.len() as u64)).unwrap_or(0);
+    let i = rng.below(list.len());
     Some(list.swap_remove(i))
 }
 
@@ -345,11 +345,11 @@ async fn next_command(
 ) -> Result<Command, WriteSideError> {
     let config = &shared.config;
     let roll = rng.below(100);
-    if roll < u64::from(config.bust_percent) {
+    if roll < usize::from(config.bust_percent) {
         if let Some(fill_event_id) = take_fill(shared, rng, account_id) {
             return Ok(Command::Bust { fill_event_id });
         }
-    } else if roll < u64::from(config.bust_percent) + u64::from(config.cash_percent) {
+    } else if roll < usize::from(config.bust_percent) + usize::from(config.cash_percent) {
         let cents = 1 + rng.int(1_000_000);
         let deposit = rng.chance(50);
         return Ok(Command::Cash {
@@ -357,8 +357,7 @@ async fn next_command(
             reason: if deposit { "deposit" } else { "withdrawal" }.to_owned(),
         });
     }
-    let (symbol, base, scale) =
-        SYMBOLS[usize::try_from(rng.below(SYMBOLS.len() as u64)).unwrap_or(0)];
+    let (symbol, base, scale) = SYMBOLS[rng.below(SYMBOLS.len())];
     let random = Decimal::new(base + rng.int(2001) - 1000, scale);
     // Priced off the feed when there is one: a buy at the ask, a sell at the bid, as quoted now,
     // the way a screen shows a price. The gate decides whether the order may trade, and at
@@ -371,7 +370,7 @@ async fn next_command(
         });
         quoted.filter(|p| !p.is_sign_negative()).unwrap_or(random)
     };
-    if rng.chance(config.close_percent) {
+    if rng.chance(usize::from(config.close_percent)) {
         let q = shared.intake.net_qty(account_id, symbol).await?;
         if !q.is_zero() {
             let side = if q.is_sign_negative() {

@@ -71,7 +71,6 @@ pub mod ledger;
 pub mod load;
 pub mod quotes;
 pub mod relay;
-mod rng;
 mod sql;
 
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -108,6 +107,22 @@ const CONTRACT: [(&str, &str, &str); 10] = [
     ("positions", "last_trade_at", "timestamp with time zone"),
     ("positions", "last_seq", "bigint"),
 ];
+
+/// The write side's schema (`public.positions`, `public.account_seq` and its own tables),
+/// every statement idempotent: with [`book_trade_sql`], what the conformance suite's snapshot
+/// schedule keeps the snapshot's relations with
+/// (`projector_engine::testkit::conformance::WriteSide`), so that a view's snapshot statement
+/// is checked against the positions this write side really keeps.
+pub fn snapshot_schema_sql() -> &'static str {
+    &sql::SCHEMA
+}
+
+/// The statement that moves `public.positions` for a fill or a bust, given the event's wire
+/// JSON as `$1` (text), by the portfolio rules: the one the write side runs in the event's
+/// transaction.
+pub fn book_trade_sql() -> &'static str {
+    &sql::BOOK_TRADE
+}
 
 /// A write side over one database: its intake, relay, load generator and counters.
 #[derive(Debug, Clone)]

@@ -37,8 +37,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::counters::{add, Counters};
 use super::error::{db, kafka, WriteSideError};
-use super::rng::Rng;
 use super::sql;
+use projector_engine::rng::Rng;
 
 /// Where and how the relay publishes.
 #[derive(Debug, Clone)]
@@ -258,7 +258,8 @@ impl Relay {
                 }
             };
 
-            if self.config.crash_percent > 0 && dice.chance(self.config.crash_percent) {
+            if self.config.crash_percent > 0 && dice.chance(usize::from(self.config.crash_percent))
+            {
                 // The injected crash: acknowledged, not marked. The batch's progress is lost
                 // with the "process", and the next pass publishes it again.
                 add(&self.counters.relay_crashes, 1);

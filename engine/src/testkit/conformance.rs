@@ -34,6 +34,18 @@
 //! upcasting of the given events equals the fold of the events at the version the view reads.
 //! Give the stream at the oldest versions you support, or there is nothing to upcast.
 //!
+//! Rebuilds: a view that declares a snapshot statement ([`Projection::snapshot_sql`]) runs one
+//! schedule more when the suite is given the write side ([`run_with`], [`WriteSide`]):
+//! [`SNAPSHOT_SCHEDULE`], "rebuilt from a snapshot, then tailed". The write side books the
+//! first three fifths of the stream into the relations the snapshot reads (`positions` and
+//! `account_seq`, docs/views.md), the view's snapshot statement seeds a version of its own from
+//! them and records the watermarks it returns, as `projector rebuild --from snapshot` does,
+//! and the whole log is then tailed into that version from its first offset (the widest safety
+//! margin: the snapshot holds every event at or below an account's watermark, which the engine
+//! skips). Its rows must equal those of every other schedule: rebuild = live. It leaves no dead
+//! letter, no parked account and no waiting event, its batches account for every offset, and
+//! an order-dependent view skips exactly the events the snapshot holds (`dup_watermark`).
+//!
 //! Adding a schedule is one entry in [`SCHEDULES`]: a name, a version, the log it delivers
 //! ([`Log`]) and how it consumes it ([`Delivery`]).
 
@@ -113,6 +125,15 @@ pub enum Delivery {
     /// `n` consumers of the partition at once (batches of 3, 5, 7, ...): all but one are
     /// fenced at every step, and every offset is committed once.
     ConcurrentWriters(usize),
+    /// A rebuild: the version is seeded from the view's snapshot of the write side after the
+    /// first `cut_percent` percent of the stream (and its watermarks recorded), then one
+    /// consumer tails the whole log into it from the first offset, batches of up to `len`.
+    FromSnapshot {
+        /// Where in the stream the snapshot is taken, in percent of its events.
+        cut_percent: usize,
+        /// Messages per batch of the tail.
+        len: usize,
+    },
 }
 
 /// Every schedule the suite runs, in order. The first is the reference: each event once.
@@ -191,13 +212,43 @@ pub const SCHEDULES: [Schedule; 12] = [
     },
 ];
 
+/// The schedule run, besides [`SCHEDULES`], for a view that declares a snapshot statement
+/// when the suite is given the write side ([`run_with`]): rebuild = live.
+pub const SNAPSHOT_SCHEDULE: Schedule = Schedule {
+    name: "rebuilt from a snapshot, then tailed",
+    version: 13,
+    log: Log::Once,
+    delivery: Delivery::FromSnapshot {
+        cut_percent: 60,
+        len: 7,
+    },
+};
+
+/// The write side, for [`SNAPSHOT_SCHEDULE`]: how it keeps the relations a view's snapshot
+/// statement reads (docs/views.md, "The write side's tables"). The suite creates them with
+/// `schema`, runs `book` for each event of the stream's first part whose type is in `books`,
+/// in stream order, and keeps `account_seq` itself (each account's last `seq`, whatever the
+/// type), as the contract says. `projector_devkit::writeside` has the development write
+/// side's (`snapshot_schema_sql`, `book_trade_sql`).
+#[derive(Debug, Clone)]
+pub struct WriteSide {
+    /// Creates `positions`, `account_seq` and whatever else `book` needs, empty; run once.
+    pub schema: String,
+    /// Moves the write side's state for one event, given its wire JSON as `$1` (text), as
+    /// the write side did in the transaction that assigned its `seq`.
+    pub book: String,
+    /// The event types `book` runs for.
+    pub books: Vec<String>,
+}
+
 /// What the suite saw.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Report {
     /// The rows every schedule produced.
     pub rows: Rows,
-    /// What each schedule delivered and what the engine counted, in [`SCHEDULES`] order.
+    /// What each schedule delivered and what the engine counted, in [`SCHEDULES`] order,
+    /// then [`SNAPSHOT_SCHEDULE`] when it ran.
     pub schedules: Vec<ScheduleReport>,
 }
 
@@ -237,9 +288,25 @@ pub async fn dump(client: &deadpool_postgres::Client, view: &dyn Projection) -> 
 /// account's events with `seq` 1, 2, 3, ... in stream order; at least one account needs two
 /// events, or reordering proves nothing. The suite panics with the reason otherwise.
 pub async fn run(factory: Factory, events: &[EventSpec]) -> Report {
+    run_with(factory, events, None).await
+}
+
+/// [`run`], and with the write side given, [`SNAPSHOT_SCHEDULE`] too for a view that declares
+/// a snapshot statement: its rows, seeded from a snapshot taken part-way and tailed, must equal
+/// the others (see the module documentation). Without a snapshot statement, the same as
+/// [`run`].
+pub async fn run_with(
+    factory: Factory,
+    events: &[EventSpec],
+    write_side: Option<&WriteSide>,
+) -> Report {
     check_stream(events);
+    let write_side = write_side.filter(|_| factory(SCHEDULES[0].version).snapshot_sql().is_some());
     let mut registry = Registry::new();
-    for s in &SCHEDULES {
+    for s in SCHEDULES
+        .iter()
+        .chain(write_side.map(|_| &SNAPSHOT_SCHEDULE))
+    {
         registry
             .add(factory(s.version))
             .expect("register the view under test");
@@ -301,10 +368,154 @@ pub async fn run(factory: Factory, events: &[EventSpec]) -> Report {
             counts,
         });
     }
+    let rows = baseline.map(|(rows, _)| rows).unwrap_or_default();
+    if let Some(write_side) = write_side {
+        reports.push(rebuilt_from_snapshot(&factory, &db, events, write_side, &rows).await);
+    }
     Report {
-        rows: baseline.map(|(rows, _)| rows).unwrap_or_default(),
+        rows,
         schedules: reports,
     }
+}
+
+/// [`SNAPSHOT_SCHEDULE`]: seeds its version from the snapshot of the write side after the
+/// stream's first part, tails the whole log into it, and checks its rows against `live`
+/// (every other schedule's) and what it left behind.
+async fn rebuilt_from_snapshot(
+    factory: &Factory,
+    db: &TestDb,
+    events: &[EventSpec],
+    write_side: &WriteSide,
+    live: &Rows,
+) -> ScheduleReport {
+    let schedule = SNAPSHOT_SCHEDULE;
+    let Delivery::FromSnapshot { cut_percent, .. } = schedule.delivery else {
+        unreachable!("the snapshot schedule seeds from a snapshot");
+    };
+    let view = factory(schedule.version);
+    let consumer = view.consumer();
+    let cut = events.len() * cut_percent / 100;
+    let mut client = db.client().await;
+    let watermarks = seed_from_snapshot(&mut client, &*view, write_side, &events[..cut]).await;
+
+    let applier =
+        Arc::new(Applier::new(view.clone(), SourceOrdering::PerAccount).expect("applier"));
+    let log = build_log(schedule.log, events, events);
+    let outcomes = deliver(schedule.delivery, db, &applier, &log.partition).await;
+    let messages = log.entries.len();
+    let mut problems: Vec<String> = Vec::new();
+    check_left_behind(&client, &consumer, &BTreeMap::new(), &mut problems).await;
+    let totals = check_batches(&outcomes, messages, &mut problems).totals;
+    check_stored_counters(&client, &consumer, messages, &totals, &mut problems).await;
+    if totals.dead_lettered() != 0 {
+        problems.push(format!(
+            "dead-lettered {} messages; none was poison",
+            totals.dead_lettered()
+        ));
+    }
+    // An order-dependent view skips every event the snapshot holds: without that, equal rows
+    // could only mean an empty snapshot and a full replay.
+    if !view.order_independent() && totals.dup_watermark != cut as u64 {
+        problems.push(format!(
+            "skipped {} events at or below the watermarks; the snapshot holds the first {cut}",
+            totals.dup_watermark
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "{consumer}: schedule {:?} (snapshot after {cut} of {} events, watermarks {watermarks:?}; {messages} messages, counts {totals:?}):\n  {}",
+        schedule.name,
+        events.len(),
+        problems.join("\n  ")
+    );
+    let rows = dump(&client, &*view).await;
+    assert_eq!(
+        &rows,
+        live,
+        "{consumer}: schedule {:?} (snapshot after {cut} of {} events, watermarks {watermarks:?}) gave rows different from delivering each event once: rebuild is not live",
+        schedule.name,
+        events.len(),
+    );
+    ScheduleReport {
+        schedule,
+        consumer,
+        messages: messages as u64,
+        counts: totals,
+    }
+}
+
+/// What `projector rebuild --from snapshot` does before its tail (rebuild's `seed.rs`),
+/// without Kafka: the write side books `prefix` into its relations; in one `REPEATABLE READ`
+/// transaction the view's snapshot statement fills the version's empty tables and returns
+/// each account's watermark, recorded as the version's progress so that the tail skips what
+/// the snapshot holds. Returns the watermarks.
+async fn seed_from_snapshot(
+    client: &mut deadpool_postgres::Client,
+    view: &dyn Projection,
+    write_side: &WriteSide,
+    prefix: &[EventSpec],
+) -> BTreeMap<i64, i64> {
+    client
+        .batch_execute(&write_side.schema)
+        .await
+        .unwrap_or_else(|e| panic!("conformance: the write side's schema: {e}"));
+    let book = client
+        .prepare(&write_side.book)
+        .await
+        .unwrap_or_else(|e| panic!("conformance: the write side's book statement: {e}"));
+    let mut last_seq: BTreeMap<i64, i64> = BTreeMap::new();
+    for e in prefix {
+        if write_side.books.contains(&e.event_type) {
+            let payload = String::from_utf8(e.payload()).expect("an event's payload is text");
+            client
+                .execute(&book, &[&payload])
+                .await
+                .unwrap_or_else(|err| {
+                    panic!(
+                        "conformance: the write side booking {:?}: {err}",
+                        e.event_id
+                    )
+                });
+        }
+        last_seq.insert(e.account_id, e.seq);
+    }
+    let (accounts, seqs): (Vec<i64>, Vec<i64>) = last_seq.into_iter().unzip();
+    client
+        .execute(
+            "INSERT INTO account_seq (account_id, last_seq) \
+             SELECT * FROM unnest($1::bigint[], $2::bigint[])",
+            &[&accounts, &seqs],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("conformance: the write side's account_seq: {e}"));
+
+    let snapshot = view
+        .snapshot_sql()
+        .expect("a view with a snapshot statement");
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .expect("begin the snapshot");
+    let sql = render(view, &snapshot);
+    let watermarks: BTreeMap<i64, i64> = tx
+        .query(&sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{}: the snapshot statement: {e}\n{sql}", view.consumer()))
+        .iter()
+        .map(|r| (r.get("account_id"), r.get("watermark_seq")))
+        .collect();
+    let (accounts, marks): (Vec<i64>, Vec<i64>) = watermarks.iter().map(|(a, w)| (*a, *w)).unzip();
+    tx.execute(
+        "INSERT INTO projector.account_progress (consumer, account_id, last_seq, watermark_seq) \
+         SELECT $1, a, w, w FROM unnest($2::bigint[], $3::bigint[]) AS t(a, w)",
+        &[&view.consumer(), &accounts, &marks],
+    )
+    .await
+    .expect("record the watermarks");
+    tx.commit().await.expect("commit the snapshot");
+    watermarks
 }
 
 /// Refuses a stream the suite cannot judge, with the reason.
@@ -461,6 +672,8 @@ async fn deliver(
             consume_with_crashes(applier, &mut client, log, len, |n| n % every.max(1) == 1).await
         }
         Delivery::WholeLog => consume(applier, &mut client, log, log.log.len()).await,
+        // Seeded by `rebuilt_from_snapshot` before the tail.
+        Delivery::FromSnapshot { len, .. } => consume(applier, &mut client, log, len).await,
         Delivery::ConcurrentWriters(writers) => {
             let log = Arc::new(log.clone());
             let mut tasks = Vec::new();

@@ -42,7 +42,7 @@ use super::gate::{FeedMode, Millis};
 use super::wire::{Datagram, MAX_DATAGRAM_BYTES};
 use super::LocalClock;
 use crate::writeside::error::WriteSideError;
-use crate::writeside::rng::Rng;
+use projector_engine::rng::Rng;
 
 /// A percentage with up to two decimals (`0.5`, `12.25`), held as basis points so that no
 /// float is needed to roll against it.
