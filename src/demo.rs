@@ -12,28 +12,24 @@
 //! view is reconciled row by row with the write side (`projector_devkit::reconcile`).
 //!
 //! PostgreSQL: `DATABASE_URL`, else a server on 127.0.0.1:5432, else a throwaway cluster
-//! ([`server`]). Progress goes to standard error ([`display`]); the report to standard
-//! output. Exits 1 when a view differs from the write side.
+//! ([`server`]). The story's steps, one function each, are in [`story`]; what they run in
+//! PostgreSQL is in `projector_devkit::demo`. Progress goes to standard error ([`display`]);
+//! the report to standard output. Exits 1 when a view differs from the write side.
 
 mod display;
 mod engines;
 mod server;
+mod story;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use projector_devkit::devbroker::DevBroker;
-use projector_devkit::reconcile::{reconcile, ViewReconciliation};
+use projector_devkit::reconcile::ViewReconciliation;
 use projector_devkit::writeside::ledger::decimal;
-use projector_devkit::writeside::quotes::{
-    FeedConfig, FeedMode, FeedSymbol, Limits, QuotesReport, ReceiverConfig,
-};
-use projector_devkit::writeside::{
-    LoadConfig, Order, RelayConfig, Report as WriteReport, Side, WriteSide,
-};
-use projector_engine::kafka::source::KafkaConfig;
+use projector_devkit::writeside::quotes::{FeedConfig, QuotesReport};
+use projector_devkit::writeside::{LoadConfig, Order, Report as WriteReport, Side, WriteSide};
 use projector_engine::{Applied, Registry};
 use projector_rebuild::{Outcome, Progress, Status};
 use tokio::time::Instant;
@@ -112,7 +108,7 @@ pub async fn run(
         }
     };
     let result = tokio::select! {
-        r = story(&server, registry, &args, &display, interrupted.clone()) => r,
+        r = story::story(&server, registry, &args, &display, interrupted.clone()) => r,
         () = interrupted.cancelled() => Err(anyhow::anyhow!(
             "interrupted: the engines are stopped{}",
             if server.cluster.is_some() { " and the throwaway cluster removed" } else { "" }
@@ -390,13 +386,7 @@ async fn read_own_writes(
         };
         out.orders += 1;
         let started = Instant::now();
-        let shown: Option<i64> = client
-            .query_one(
-                "SELECT projector.applied('portfolio', $1)",
-                &[&reply.account_id],
-            )
-            .await?
-            .get(0);
+        let shown = projector_devkit::demo::applied(&client, "portfolio", reply.account_id).await?;
         if shown.is_some_and(|s| s >= reply.seq) {
             out.at_once += 1;
             continue;
@@ -447,49 +437,37 @@ async fn view_stats(
     client: &deadpool_postgres::Client,
     published: &BTreeMap<i32, u64>,
 ) -> anyhow::Result<Vec<ViewStats>> {
-    let rows = client
-        .query(
-            "SELECT v.name, v.version, v.state, o.partition, o.next_offset, o.applied, o.ignored, \
-                    o.duplicates, o.dup_inbox, o.dup_seq, o.dup_watermark, o.dup_version_filter, \
-                    o.dead_lettered, o.committed_by \
-             FROM projector.views v \
-             LEFT JOIN projector.offsets o ON o.consumer = v.consumer AND o.topic = $1 \
-             WHERE v.dropped_at IS NULL \
-             ORDER BY v.name, v.version, o.partition",
-            &[&TOPIC],
-        )
+    let rows = projector_devkit::demo::view_offsets(client, TOPIC)
         .await
         .context("cannot read the views' offsets")?;
     let mut out: Vec<ViewStats> = Vec::new();
     for r in rows {
-        let (name, version): (String, i32) = (r.get(0), r.get(1));
         if out
             .last()
-            .is_none_or(|s| s.name != name || s.version != version)
+            .is_none_or(|s| s.name != r.name || s.version != r.version)
         {
             out.push(ViewStats {
-                name,
-                version,
-                state: r.get(2),
+                name: r.name,
+                version: r.version,
+                state: r.state,
                 ..ViewStats::default()
             });
         }
         let Some(s) = out.last_mut() else { continue };
-        let Some(partition) = r.get::<_, Option<i32>>(3) else {
+        let Some(o) = r.partition else {
             continue;
         };
-        let n = |i: usize| r.get::<_, Option<i64>>(i).unwrap_or(0);
-        s.next.insert(partition, n(4));
-        s.applied += n(5);
-        s.ignored += n(6);
-        s.duplicates += n(7);
-        s.dup_inbox += n(8);
-        s.dup_seq += n(9);
-        s.dup_watermark += n(10);
-        s.dup_version_filter += n(11);
-        s.dead_lettered += n(12);
-        if let Some(by) = r.get::<_, Option<String>>(13) {
-            s.owners.insert(partition, by);
+        s.next.insert(o.partition, o.next_offset);
+        s.applied += o.applied;
+        s.ignored += o.ignored;
+        s.duplicates += o.duplicates;
+        s.dup_inbox += o.dup_inbox;
+        s.dup_seq += o.dup_seq;
+        s.dup_watermark += o.dup_watermark;
+        s.dup_version_filter += o.dup_version_filter;
+        s.dead_lettered += o.dead_lettered;
+        if let Some(by) = o.committed_by {
+            s.owners.insert(o.partition, by);
         }
     }
     for s in &mut out {
@@ -565,430 +543,16 @@ fn rebuilt(
     }
 }
 
-/// The demo from an empty database to the report.
 /// How often the demo's feed lags at the source: simulate's period, or a quarter of a run too
 /// short for four of them, never shorter than twice a lag (a lag must end before the next).
 fn lag_every(feed: &FeedConfig, duration: Duration) -> Duration {
     feed.lag_every.min(duration / 4).max(feed.lag_for * 2)
 }
 
-async fn story(
-    server: &Server,
-    registry: &Registry,
-    args: &Args,
-    display: &Arc<Display>,
-    interrupted: CancellationToken,
-) -> anyhow::Result<Report> {
-    let mut story: Vec<String> = Vec::new();
-    display.say(&format!("PostgreSQL: {}", server.described));
-    let url = server.fresh_database(&args.database).await?;
-    // The clients (two connections each: a racing retry holds two), the relay, the figures.
-    let pool = projector_engine::db::pool(&url, 24)?;
-    {
-        let mut client = pool
-            .get()
-            .await
-            .context("cannot connect to the demo database")?;
-        projector_engine::migrate(&mut client, registry).await?;
-    }
-    let write_side = WriteSide::new(pool.clone())
-        .await
-        .context("cannot set up the write side's schema")?;
-    // The producers start at version 1 of fills and busts and are upgraded to version 2
-    // halfway (below): the topic holds both, interleaved for every account, and the views
-    // read both through their upcaster.
-    write_side.set_fill_version(1)?;
-    // The flags' defaults of `projector simulate`, which a unit test there holds equal, except
-    // that a short run sees at least four source lags: one lag in a 12 s run falls in a single
-    // second, and a machine busy enough to stall the clients for that second told no story of
-    // `stale at source` (a test's run once refused none).
-    let defaults = FeedConfig::new(FeedSymbol::traded());
-    let feed = FeedConfig {
-        seed: args.seed,
-        lag_every: lag_every(&defaults, args.duration),
-        ..defaults
-    };
-    let gate = ReceiverConfig::new(
-        FeedMode::Delta,
-        Limits::default(),
-        FeedSymbol::traded().into_iter().map(|s| s.name).collect(),
-    );
-    let quotes = crate::simulate::start_quotes(None, feed.clone(), gate).await?;
-    let write_side = write_side.with_quotes(quotes.gate().clone());
-    display.say(&format!(
-        "quote feed (the built-in simulator, UDP on loopback) at {}: {} ticks/s per symbol, {} lost, a {} burst every {}, \
-         a source {} behind for {} every {}, a clock {} ms off; orders are refused on a quote silent over {} ms, \
-         over {} ms old at the source, or suspect",
-        quotes.feed_addr(),
-        feed.ticks_per_second,
-        feed.loss,
-        humantime::format_duration(feed.burst_for),
-        humantime::format_duration(feed.burst_every),
-        humantime::format_duration(feed.lag),
-        humantime::format_duration(feed.lag_for),
-        humantime::format_duration(feed.lag_every),
-        feed.clock_skew_ms,
-        Limits::default().stale_after_ms,
-        Limits::default().source_stale_after_ms,
-    ));
-    display.say(&format!(
-        "database {}: the write side's tables (positions, account_seq, outbox, ...) and the views {}",
-        args.database,
-        registry.names().into_iter().collect::<Vec<_>>().join(", ")
-    ));
-    let broker =
-        DevBroker::start(1, &[(TOPIC, args.partitions)]).context("cannot start the dev broker")?;
-    let brokers = broker.bootstrap_servers();
-    display.say(&format!(
-        "dev broker (librdkafka's mock cluster, in this process) on {brokers}: topic {TOPIC}, {} partitions",
-        args.partitions
-    ));
-
-    let mut a = Engine::spawn("A", &brokers, TOPIC, &url)?;
-    let tell = |story: &mut Vec<String>, note: String| {
-        display.say(&note);
-        story.push(format!("{:>7}  {note}", display.elapsed()));
-    };
-    tell(
-        &mut story,
-        format!("engine A (pid {}) `projector run` started", a.pid()),
-    );
-
-    let load = LoadConfig {
-        rate: Some(args.rate),
-        seed: args.seed,
-        ..LoadConfig::new(args.accounts)
-    };
-    load.check()?;
-    let relay = write_side.relay(RelayConfig {
-        seed: args.seed,
-        crash_percent: RELAY_CRASH_PERCENT,
-        ..RelayConfig::new(brokers.clone(), TOPIC)
-    });
-    let (drain, relay_stop, load_stop) = (
-        CancellationToken::new(),
-        interrupted.child_token(),
-        interrupted.child_token(),
-    );
-    let relay_task = {
-        let (drain, stop) = (drain.clone(), relay_stop.clone());
-        tokio::spawn(async move { relay.run(drain, stop).await })
-    };
-    let load_task = {
-        let (write_side, load, stop) = (write_side.clone(), load.clone(), load_stop.clone());
-        tokio::spawn(async move { write_side.run_load(&load, stop).await })
-    };
-    let reader_task = tokio::spawn(read_own_writes(
-        write_side.clone(),
-        pool.clone(),
-        args.accounts,
-        load_stop.clone(),
-    ));
-    display.say(&format!(
-        "clients: {} requests/s over {} accounts ({} hot) for {}; {}% retried under the same idempotency key; \
-         the relay crashes between publish and mark after {}% of its batches",
-        args.rate,
-        args.accounts,
-        load.hot_accounts(),
-        humantime::format_duration(args.duration),
-        load.retry_percent,
-        RELAY_CRASH_PERCENT
-    ));
-    let load_started = Instant::now();
-    let at = |percent: u32| load_started + args.duration * percent / 100;
-    let (join_at, rebuild_at, kill_at, load_end) = (at(20), at(35), at(60), at(100));
-    let upgrade_at = at(50);
-
-    let rebuild_progress = Arc::new(RebuildProgress {
-        display: Arc::clone(display),
-        lag: Mutex::new(None),
-    });
-    let mut kafka = KafkaConfig::new(brokers.clone(), TOPIC);
-    kafka.properties = vec![
-        ("session.timeout.ms".to_owned(), "3000".to_owned()),
-        ("heartbeat.interval.ms".to_owned(), "300".to_owned()),
-    ];
-    // The rebuild reads the dev broker too.
-    kafka.properties.extend(
-        projector_devkit::devbroker::CONSUMER_PROPERTIES
-            .iter()
-            .map(|&(k, v)| (k.to_owned(), v.to_owned())),
-    );
-
-    let mut b: Option<Engine> = None;
-    let mut rebuild: Option<
-        tokio::task::JoinHandle<Result<Outcome, projector_rebuild::RebuildError>>,
-    > = None;
-    let mut a_alive = true;
-    let mut cut_over = false;
-    let mut split_seen = false;
-    let mut took_over_seen = false;
-    let mut max_lag = 0i64;
-    let mut ticker = tokio::time::interval(TICK);
-    let client = pool
-        .get()
-        .await
-        .context("cannot connect to the demo database")?;
-
-    // The load phase: a tick reads the figures and moves the story on.
-    loop {
-        ticker.tick().await;
-        let now = Instant::now();
-        if a_alive {
-            a.check_alive()?;
-        }
-        if let Some(b) = &mut b {
-            b.check_alive()?;
-        }
-        let report = write_side.report();
-        let views = view_stats(&client, &report.partitions).await?;
-        if let Some(reference) = views
-            .iter()
-            .find(|v| v.state == "live" && v.name != REBUILT)
-        {
-            let mut engines: Vec<&Engine> = Vec::new();
-            if a_alive {
-                engines.push(&a);
-            }
-            if let Some(b) = &b {
-                engines.push(b);
-            }
-            let own = ownership(reference, &engines);
-            if !split_seen
-                && a_alive
-                && b.as_ref()
-                    .is_some_and(|b| reference.owners.values().any(|o| b.committed(o)))
-                && reference.owners.values().any(|o| a.committed(o))
-            {
-                split_seen = true;
-                tell(
-                    &mut story,
-                    format!(
-                        "the group rebalanced: partitions of {}  {own}",
-                        reference.name
-                    ),
-                );
-            }
-            if !took_over_seen
-                && !a_alive
-                && b.as_ref().is_some_and(|b| {
-                    (0..args.partitions).all(|p| {
-                        report.partitions.get(&p).is_none_or(|n| *n == 0)
-                            || reference.owners.get(&p).is_some_and(|o| b.committed(o))
-                    })
-                })
-            {
-                took_over_seen = true;
-                tell(&mut story, format!("B took over every partition ({own})"));
-            }
-        }
-        max_lag = max_lag.max(
-            views
-                .iter()
-                .filter(|v| v.state == "live")
-                .map(|v| v.lag)
-                .max()
-                .unwrap_or(0),
-        );
-        let lags = views
-            .iter()
-            .filter(|v| v.state != "retired")
-            .map(|v| format!("{} v{} {}", v.name, v.version, v.lag))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let rebuild_lag = rebuild_progress
-            .lag
-            .lock()
-            .ok()
-            .and_then(|l| *l)
-            .filter(|_| rebuild.as_ref().is_some_and(|r| !r.is_finished()))
-            .map_or(String::new(), |l| format!(" (rebuild lag {l})"));
-        let done = now
-            .saturating_duration_since(load_started)
-            .min(args.duration);
-        display.figures(
-            done.as_secs(),
-            &format!(
-                "events {} · published {} ({} redelivered) · refused on the quote {} · lag {lags}{rebuild_lag}",
-                report.events(),
-                report.published,
-                report.redeliveries_injected,
-                report.refused_on_quotes()
-            ),
-        );
-
-        if write_side.fill_version() == 1 && now >= upgrade_at {
-            write_side.set_fill_version(2)?;
-            tell(
-                &mut story,
-                "the write side upgraded its producers: fills and busts are now version 2 (a signed qty, no side); the views read both".to_owned(),
-            );
-        }
-        if b.is_none() && now >= join_at {
-            let engine = Engine::spawn("B", &brokers, TOPIC, &url)?;
-            tell(
-                &mut story,
-                format!(
-                    "engine B (pid {}) `projector run` joined: the group rebalances",
-                    engine.pid()
-                ),
-            );
-            b = Some(engine);
-        }
-        if rebuild.is_none() && !cut_over && now >= rebuild_at {
-            let options = projector_rebuild::Options {
-                // A short margin: every message's time is this machine's clock.
-                margin: Duration::from_secs(5),
-                batch_messages: 2000,
-                tick: Duration::from_millis(500),
-                ..projector_rebuild::Options::new(REBUILT)
-            };
-            tell(
-                &mut story,
-                format!("rebuild of {REBUILT} into a new version from the write side's snapshot, while live"),
-            );
-            let (registry, url, kafka) = (registry.clone(), url.clone(), kafka.clone());
-            let progress = Arc::clone(&rebuild_progress);
-            let stop = interrupted.child_token();
-            rebuild = Some(tokio::spawn(async move {
-                projector_rebuild::rebuild(&registry, &url, kafka, &options, &*progress, stop).await
-            }));
-        }
-        // A dies once B owns partitions of its own (or at the end of the load at the latest),
-        // so that the kill moves partitions from one live process to another.
-        if a_alive && now >= kill_at && (split_seen || now >= load_end) {
-            a.kill()?;
-            a_alive = false;
-            tell(
-                &mut story,
-                format!(
-                    "engine A (pid {}) killed with SIGKILL: its batches in flight roll back, its partitions move to B",
-                    a.pid()
-                ),
-            );
-        }
-        if rebuild
-            .as_ref()
-            .is_some_and(tokio::task::JoinHandle::is_finished)
-        {
-            if let Some(task) = rebuild.take() {
-                cut_over = true;
-                tell(&mut story, rebuilt(task.await)?);
-            }
-        }
-        if load_task.is_finished() || now >= load_end {
-            break;
-        }
-    }
-
-    load_stop.cancel();
-    load_task
-        .await
-        .context("the clients' task panicked")?
-        .context("the clients stopped")?;
-    let own_reads = reader_task
-        .await
-        .context("the reading client's task panicked")?
-        .context("the reading client stopped")?;
-    let ran = load_started.elapsed();
-    let report = write_side.report();
-    // No order comes any more: the feed's work is done.
-    let quotes_report = quotes.report();
-    quotes.stop().await.context("the quote feed stopped")?;
-    display.say(&format!(
-        "clients stopped after {} requests ({} refused on the quote); the relay publishes what is left",
-        report.requests,
-        report.refused_on_quotes()
-    ));
-    drain.cancel();
-    let deadline = Instant::now() + FINISH_WITHIN;
-    tokio::time::timeout_at(deadline, relay_task)
-        .await
-        .context("the relay did not publish the rest in time")?
-        .context("the relay's task panicked")?
-        .context("the relay stopped")?;
-
-    if let Some(task) = rebuild {
-        let outcome = tokio::time::timeout_at(deadline, task)
-            .await
-            .context("the rebuild did not finish in time")?;
-        tell(&mut story, rebuilt(outcome)?);
-    } else if !cut_over {
-        anyhow::bail!("the rebuild never started: the load was too short");
-    }
-
-    // Caught up: every live version at the end of every partition.
-    let mut b = b.context("engine B never started: the load was too short")?;
-    let published = write_side.report().partitions;
-    let views = loop {
-        b.check_alive()?;
-        let views = view_stats(&client, &published).await?;
-        let live: Vec<&ViewStats> = views.iter().filter(|v| v.state == "live").collect();
-        if !live.is_empty() && live.iter().all(|v| v.lag == 0) {
-            break views;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the engines did not catch up in time: lag {:?}",
-            live.iter().map(|v| (&v.name, v.lag)).collect::<Vec<_>>()
-        );
-        display.figures(
-            args.duration.as_secs(),
-            &format!(
-                "catching up: lag {}",
-                live.iter()
-                    .map(|v| format!("{} v{} {}", v.name, v.version, v.lag))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        );
-        ticker.tick().await;
-    };
-    display.say("caught up: every live view is at the end of every partition");
-    b.stop().await?;
-    tell(
-        &mut story,
-        format!("engine B (pid {}) stopped with SIGTERM", b.pid()),
-    );
-
-    let dead_letters: i64 = client
-        .query_one("SELECT count(*) FROM projector.dead_letters", &[])
-        .await?
-        .get(0);
-    let parked: i64 = client
-        .query_one("SELECT count(*) FROM projector.parked_accounts", &[])
-        .await?
-        .get(0);
-    drop(client);
-    let mut client = pool
-        .get()
-        .await
-        .context("cannot connect to the demo database")?;
-    let reconciled = reconcile(&mut client).await?;
-    let trades_by_version = write_side.trades_by_version().await?;
-    drop(broker);
-    Ok(Report {
-        wall: display.wall(),
-        server: server.described.clone(),
-        database: args.database.clone(),
-        kept: server.cluster.is_none(),
-        load,
-        ran,
-        write: write_side.report(),
-        trades_by_version,
-        quotes: quotes_report,
-        story,
-        views,
-        max_lag,
-        dead_letters,
-        parked,
-        reconciled,
-        own_reads,
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use projector_devkit::writeside::quotes::FeedSymbol;
+
     use super::*;
 
     #[test]

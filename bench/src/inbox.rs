@@ -152,8 +152,8 @@ async fn stream(
         };
         eprintln!(
             "  inbox: {} of {} rows after {} s",
-            crate::grouped(total),
-            crate::grouped(rows),
+            crate::numbers::grouped(total),
+            crate::numbers::grouped(rows),
             started.elapsed().as_secs()
         );
     }

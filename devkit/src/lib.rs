@@ -20,7 +20,11 @@
 //!   transaction per event (seq counter row, positions, event, outbox), an outbox relay that
 //!   crashes on purpose, and simulated clients with hot accounts (`projector simulate`).
 //! - [`reconcile`]: every built-in view against the write side, row by row (`projector demo`).
+//! - [`demo`]: the rest of what `projector demo` runs in PostgreSQL: its database made afresh,
+//!   and what it reads of the engine's tables (offsets and counters, dead letters, parked
+//!   accounts, what a view shows of an account).
 
+pub mod demo;
 pub mod devbroker;
 pub mod partitioner;
 pub mod pgcluster;

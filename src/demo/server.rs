@@ -4,6 +4,7 @@
 //! server's authentication.
 
 use anyhow::Context as _;
+use projector_devkit::demo;
 use projector_devkit::pgcluster::PgCluster;
 
 /// The server on the default port, as the tests and `.ci/setup` expect it.
@@ -71,47 +72,21 @@ impl Server {
     pub async fn fresh_database(&self, name: &str) -> anyhow::Result<String> {
         let pool = projector_engine::db::pool(&self.admin_url, 1)?;
         let client = pool.get().await.context("cannot connect to PostgreSQL")?;
-        let quoted = format!("\"{name}\"");
-        let existing = client
-            .query_opt(
-                "SELECT coalesce(shobj_description(oid, 'pg_database'), '') FROM pg_database \
-                 WHERE datname = $1",
-                &[&name],
-            )
-            .await?;
-        if let Some(row) = existing {
-            let comment: String = row.get(0);
+        if let Some(comment) = demo::database_comment(&client, name).await? {
             if comment != MARKER {
                 anyhow::bail!(
                     "database {name} exists and was not made by `projector demo`; pass --database with another name"
                 );
             }
-            let version: i32 = client
-                .query_one("SELECT current_setting('server_version_num')::int", &[])
-                .await?
-                .get(0);
+            let version = demo::server_version_num(&client).await?;
             // FORCE (PostgreSQL 13+) ends sessions an interrupted demo may have left behind.
-            let force = if version >= 130_000 {
-                " WITH (FORCE)"
-            } else {
-                ""
-            };
-            client
-                .batch_execute(&format!("DROP DATABASE {quoted}{force}"))
+            demo::drop_database(&client, name, version >= 130_000)
                 .await
                 .with_context(|| format!("cannot drop the last demo's database {name}"))?;
         }
-        // Two statements: CREATE DATABASE refuses to run in the implicit transaction of a
-        // multi-statement query.
-        for sql in [
-            format!("CREATE DATABASE {quoted}"),
-            format!("COMMENT ON DATABASE {quoted} IS '{MARKER}'"),
-        ] {
-            client
-                .batch_execute(&sql)
-                .await
-                .with_context(|| format!("cannot create database {name}"))?;
-        }
+        demo::create_database(&client, name, MARKER)
+            .await
+            .with_context(|| format!("cannot create database {name}"))?;
         Ok(projector_engine::db::url_for_database(
             &self.admin_url,
             name,
@@ -123,7 +98,7 @@ impl Server {
 async fn connect(url: &str) -> anyhow::Result<()> {
     let pool = projector_engine::db::pool(url, 1)?;
     let client = pool.get().await?;
-    client.simple_query("SELECT 1").await?;
+    demo::ping(&client).await?;
     Ok(())
 }
 
