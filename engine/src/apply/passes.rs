@@ -390,6 +390,108 @@ mod tests {
     }
 
     #[test]
+    fn a_split_point_in_a_later_run_is_counted_from_that_run_start() {
+        // As the loop in `apply_in` before `Passes` had it: `to = from + cut`.
+        let batch = messages(&[0, 1, 2, 3, 4, 5]);
+        let mut passes = Passes::new(6);
+        let pass = passes.next_pass().expect("a pass");
+        assert!(passes.undo(&pass, true, || Some((2, 1))));
+        let pass = passes.next_pass().expect("up to the first correction");
+        assert_eq!(pass.run, 0..2);
+        assert!(!passes.undo(&pass, true, || None));
+        let d = [Disposition::Applied; 2];
+        passes.written(
+            &pass,
+            &batch,
+            Written {
+                counts: applied(2),
+                dispositions: &d,
+                ..Written::default()
+            },
+        );
+        let pass = passes.next_pass().expect("the rest");
+        assert_eq!(pass.run, 2..6);
+        // A second correction, the run's fourth message: message 5 of the batch.
+        assert!(passes.undo(&pass, true, || Some((3, 2))));
+        let pass = passes.next_pass().expect("up to the second correction");
+        assert_eq!(pass.run, 2..5);
+        assert!(!passes.undo(&pass, true, || None));
+        assert!(!passes.is_last(&pass));
+        let d = [Disposition::Applied; 3];
+        passes.written(
+            &pass,
+            &batch,
+            Written {
+                counts: applied(3),
+                dispositions: &d,
+                ..Written::default()
+            },
+        );
+        assert_eq!(passes.total(), &applied(5));
+        let pass = passes.next_pass().expect("the last message");
+        assert_eq!(pass.run, 5..6);
+        assert!(!passes.undo(&pass, true, || None));
+        assert!(passes.is_last(&pass));
+        let d = [Disposition::Applied];
+        passes.written(
+            &pass,
+            &batch,
+            Written {
+                counts: applied(1),
+                dispositions: &d,
+                ..Written::default()
+            },
+        );
+        assert_eq!(passes.next_pass(), None);
+        let (counts, dispositions, _) = passes.finish(&batch);
+        assert_eq!(counts, applied(6), "each pass counted once");
+        assert_eq!(dispositions.len(), 6, "each message once");
+        assert_eq!(dispositions[5], (5, Disposition::Applied));
+    }
+
+    #[test]
+    fn an_account_drained_first_for_one_run_drains_first_again_for_another() {
+        // `drained_for` is keyed by the run's start, as before: a drain asked for a later run
+        // is a new one, not the repeat that lets the run go on without the split.
+        let batch = messages(&[0, 1, 2]);
+        let mut passes = Passes::new(3);
+        let pass = passes.next_pass().expect("a pass");
+        assert!(passes.undo(&pass, true, || Some((0, 4))));
+        let drain = passes.next_pass().expect("the drain");
+        assert_eq!(drain.drain, [4]);
+        passes.written(&drain, &batch, Written::default());
+        let again = passes.next_pass().expect("the run again");
+        assert_eq!(again.run, 0..3);
+        // Now split at message 1 (another account); the run 0..1 is written.
+        assert!(passes.undo(&again, true, || Some((1, 7))));
+        let pass = passes.next_pass().expect("up to the correction");
+        assert_eq!(pass.run, 0..1);
+        assert!(!passes.undo(&pass, true, || None));
+        let d = [Disposition::Applied];
+        passes.written(
+            &pass,
+            &batch,
+            Written {
+                dispositions: &d,
+                ..Written::default()
+            },
+        );
+        let pass = passes.next_pass().expect("from the correction");
+        assert_eq!(pass.run, 1..3);
+        // Account 4's failed event again at the run's start: a new run, so it drains first.
+        assert!(passes.undo(&pass, true, || Some((0, 4))));
+        let drain = passes.next_pass().expect("a drain for this run");
+        assert_eq!(drain.drain, [4]);
+        assert!(!passes.is_last(&drain));
+        passes.written(&drain, &batch, Written::default());
+        let pass = passes.next_pass().expect("the run again");
+        assert_eq!(pass.run, 1..3);
+        // Asked a second time for this run: it goes on without the split.
+        assert!(!passes.undo(&pass, true, || Some((0, 4))));
+        assert!(passes.is_last(&pass));
+    }
+
+    #[test]
     fn events_an_earlier_pass_left_waiting_take_what_became_of_them() {
         let batch = messages(&[20, 21, 22]);
         let mut passes = Passes::new(3);
