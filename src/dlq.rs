@@ -9,6 +9,7 @@ use anyhow::{bail, Context};
 use deadpool_postgres::Client;
 use projector_engine::apply::DeadLetterSkip;
 use projector_engine::event::safe_text;
+use projector_engine::versions;
 use projector_engine::{Applier, Registry, SourceOrdering};
 
 /// `projector dlq ...`
@@ -143,14 +144,8 @@ async fn consumer_of(client: &Client, view: &str, version: Option<i32>) -> anyho
     if let Some(v) = version {
         return Ok(format!("{view}_v{v}"));
     }
-    let row = client
-        .query_opt(
-            "SELECT version FROM projector.views WHERE name = $1 AND state = 'live'",
-            &[&view],
-        )
-        .await?;
-    match row {
-        Some(r) => Ok(format!("{view}_v{}", r.get::<_, i32>(0))),
+    match versions::live_version(client, view).await? {
+        Some(v) => Ok(format!("{view}_v{v}")),
         None => bail!("{view} has no live version; pass --version"),
     }
 }
@@ -318,10 +313,7 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
                 // it runs any more, so the dead letter is only resolved. Any other version
                 // needs its code to decide (an older binary, say): an error.
                 Err(e) => {
-                    let retired = client
-                        .query_opt(projector_engine::queries::VERSION_IS_RETIRED, &[&consumer])
-                        .await?
-                        .is_some();
+                    let retired = versions::is_retired(&client, &consumer).await?;
                     if !retired {
                         return Err(e);
                     }

@@ -20,7 +20,10 @@
 //!   waiters after each committed batch, and [`wait_applied`] for services in Rust.
 //! - [`inbox`]: the inbox's layout, one partition per day of the events' own time: making
 //!   days ahead and on demand, late writes, the inbox before that layout.
-//! - [`queries`]: every statement the engine runs on its own tables.
+//! - [`queries`]: the hot path's statements (offsets, progress, parks, waiting events, dead
+//!   letters and the inbox, as a batch writes them).
+//! - [`versions`]: the version registry `projector.views` and the [`versions::VersionState`]
+//!   lifecycle; its statements in `versions.sql`.
 //! - [`db`]: connection pools that never hand out a connection left inside a transaction.
 //! - [`kafka`]: the Kafka source; the producer and a dev broker are in `projector-devkit`.
 //! - [`processes`]: which process consumes, fails to start or skips which version.
@@ -49,6 +52,7 @@ pub mod sql_view;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod upcast;
+pub mod versions;
 pub mod view;
 
 pub use apply::{Applier, ApplyError, Batch, BatchOutcome, Counts, Disposition};

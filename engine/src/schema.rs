@@ -5,6 +5,7 @@ use deadpool_postgres::Client;
 
 use crate::fingerprint::{self, Verdict};
 use crate::projection::{render, Projection, Registry};
+use crate::versions;
 
 mod embedded {
     refinery::embed_migrations!("../migrations");
@@ -63,7 +64,7 @@ pub struct MigrateReport {
     /// Engine migrations applied by this run, as `V<n>__<name>`.
     pub applied: Vec<String>,
     /// View versions registered by this run, with the state they were given.
-    pub registered: Vec<(String, String)>,
+    pub registered: Vec<(String, versions::VersionState)>,
     /// Stable read names created by this run.
     pub read_names: Vec<String>,
     /// View versions left alone because another code registered them, each with the
@@ -194,28 +195,16 @@ async fn install_view(
     out: &mut MigrateReport,
 ) -> Result<(), tokio_postgres::Error> {
     let tx = client.transaction().await?;
-    let existing = tx
-        .query_opt(
-            "SELECT dropped_at IS NOT NULL, fingerprint FROM projector.views \
-             WHERE name = $1 AND version = $2 FOR UPDATE",
-            &[&view.name(), &view.version()],
-        )
-        .await?;
+    let existing = versions::lock_recorded(&tx, view.name(), view.version()).await?;
     let ours = fingerprint::of(view);
-    if let Some(row) = &existing {
-        if row.get::<_, bool>(0) {
+    if let Some((dropped, recorded)) = &existing {
+        if *dropped {
             // Retired and dropped by `projector retire --drop`: never recreated empty.
             return tx.commit().await;
         }
-        let recorded: Option<String> = row.get(1);
         match fingerprint::judge(view, recorded.as_deref()) {
             Ok(Verdict::Adopted) => {
-                tx.execute(
-                    "UPDATE projector.views SET fingerprint = $3 \
-                     WHERE name = $1 AND version = $2 AND fingerprint IS NULL",
-                    &[&view.name(), &view.version(), &ours],
-                )
-                .await?;
+                versions::adopt_fingerprint(&tx, view.name(), view.version(), &ours).await?;
             }
             Ok(_) => {}
             Err(e) => {
@@ -225,25 +214,10 @@ async fn install_view(
         }
     }
     tx.batch_execute(&render(view, &view.ddl())).await?;
-    let registered = tx
-        .query_opt(
-            "INSERT INTO projector.views (name, version, state, fingerprint) \
-             SELECT $1, $2, CASE WHEN EXISTS (SELECT 1 FROM projector.views WHERE name = $1) \
-                                 THEN 'building' ELSE 'live' END, $3 \
-             ON CONFLICT (name, version) DO NOTHING RETURNING state",
-            &[&view.name(), &view.version(), &ours],
-        )
-        .await?;
-    if let Some(row) = registered {
-        out.registered.push((view.consumer(), row.get(0)));
+    if let Some(state) = versions::register(&tx, view.name(), view.version(), &ours).await? {
+        out.registered.push((view.consumer(), state));
     }
-    let live: Option<i32> = tx
-        .query_opt(
-            "SELECT version FROM projector.views WHERE name = $1 AND state = 'live'",
-            &[&view.name()],
-        )
-        .await?
-        .map(|r| r.get(0));
+    let live = versions::live_version(&tx, view.name()).await?;
     let exists = tx
         .query_opt(
             "SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \

@@ -15,6 +15,7 @@ use deadpool_postgres::Client;
 use projector_engine::fingerprint;
 use projector_engine::kafka::running;
 use projector_engine::projection::render;
+use projector_engine::versions::{self, Version, VersionState};
 use projector_engine::{Projection, Registry};
 
 use crate::error::{db, RebuildError};
@@ -52,30 +53,21 @@ pub async fn cutover(
         .transaction()
         .await
         .map_err(db("starting the cutover"))?;
-    let rows = tx
-        .query(
-            "SELECT version, state, dropped_at IS NOT NULL FROM projector.views \
-             WHERE name = $1 ORDER BY version FOR UPDATE",
-            &[&name],
-        )
+    let registered = versions::lock_of_name(&tx, name)
         .await
         .map_err(db("locking the view registry"))?;
-    let versions: Vec<(i32, String, bool)> = rows
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
-    let Some((_, state, dropped)) = versions.iter().find(|(v, _, _)| *v == version) else {
+    let Some(row) = registered.iter().find(|v| v.version == version) else {
         return Err(RebuildError::Refused(format!(
             "{name} has no version {version}; versions: {}",
-            list(&versions)
+            list(&registered)
         )));
     };
-    if *dropped || state == "retired" {
+    if row.dropped || row.state == VersionState::Retired {
         return Err(RebuildError::Refused(format!(
             "{name} v{version} is retired; rebuild it into a new version instead"
         )));
     }
-    if state == "live" {
+    if row.state == VersionState::Live {
         return Err(RebuildError::Refused(format!(
             "{name} v{version} is already live"
         )));
@@ -104,10 +96,10 @@ pub async fn cutover(
         }
         _ => {}
     }
-    let old = versions
+    let old = registered
         .iter()
-        .find(|(_, s, _)| s == "live")
-        .map(|(v, _, _)| *v);
+        .find(|v| v.state == VersionState::Live)
+        .map(|v| v.version);
     let new_consumer = code.consumer();
     let mut accounts_ahead = 0;
     if let Some(old) = old {
@@ -165,21 +157,13 @@ pub async fn cutover(
         )
         .await
         .map_err(db("handing the notices over"))?;
-        tx.execute(
-            "UPDATE projector.views SET state = 'retired', state_changed_at = now() \
-             WHERE name = $1 AND version = $2",
-            &[&name, &old],
-        )
-        .await
-        .map_err(db("retiring the old version"))?;
+        versions::retire_replaced(&tx, name, old)
+            .await
+            .map_err(db("retiring the old version"))?;
     }
-    tx.execute(
-        "UPDATE projector.views SET state = 'live', state_changed_at = now() \
-         WHERE name = $1 AND version = $2",
-        &[&name, &version],
-    )
-    .await
-    .map_err(db("making the new version live"))?;
+    versions::make_live(&tx, name, version)
+        .await
+        .map_err(db("making the new version live"))?;
     tx.batch_execute(&format!(
         "DROP VIEW IF EXISTS {name}; CREATE VIEW {name} AS {}",
         render(&*code, &code.read_sql())
@@ -202,13 +186,13 @@ pub async fn cutover(
     })
 }
 
-fn list(versions: &[(i32, String, bool)]) -> String {
-    if versions.is_empty() {
+fn list(registered: &[Version]) -> String {
+    if registered.is_empty() {
         return "none".to_owned();
     }
-    versions
+    registered
         .iter()
-        .map(|(v, s, _)| format!("v{v} {s}"))
+        .map(|v| format!("v{} {}", v.version, v.state))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -223,13 +207,13 @@ pub async fn retire(
     version: i32,
     drop: bool,
 ) -> Result<(), RebuildError> {
-    let versions = state::versions(client, name).await?;
-    let Some(row) = versions.iter().find(|v| v.version == version) else {
+    let registered = state::versions(client, name).await?;
+    let Some(row) = registered.iter().find(|v| v.version == version) else {
         return Err(RebuildError::Refused(format!(
             "{name} has no version {version}"
         )));
     };
-    if row.state == "live" {
+    if row.state == VersionState::Live {
         return Err(RebuildError::Refused(format!(
             "{name} v{version} is live; cut over to another version first"
         )));
@@ -252,27 +236,17 @@ pub async fn retire(
     };
     // The state read above is not locked: a cutover may have made the version live since.
     // The condition is in the statement, evaluated on the row as it is once locked.
-    let retired = client
-        .execute(
-            "UPDATE projector.views SET state = 'retired', \
-                 state_changed_at = CASE WHEN state = 'retired' THEN state_changed_at ELSE now() END \
-             WHERE name = $1 AND version = $2 AND state <> 'live'",
-            &[&name, &version],
-        )
+    let retired = versions::retire(&*client, name, version)
         .await
         .map_err(db("retiring the version"))?;
-    if retired == 0 {
+    if !retired {
         return Err(RebuildError::Refused(format!(
             "{name} v{version} is live; cut over to another version first"
         )));
     }
     if let Some(code) = &code {
         drop_version(client, code).await?;
-        client
-            .execute(
-                "UPDATE projector.views SET dropped_at = now() WHERE name = $1 AND version = $2",
-                &[&name, &version],
-            )
+        versions::mark_dropped(&*client, name, version)
             .await
             .map_err(db("recording the drop"))?;
     }
@@ -370,12 +344,9 @@ pub async fn cancel(
         .transaction()
         .await
         .map_err(db("cancelling the rebuild"))?;
-    tx.execute(
-        "SELECT 1 FROM projector.views WHERE name = $1 FOR UPDATE",
-        &[&name],
-    )
-    .await
-    .map_err(db("locking the view registry"))?;
+    versions::lock_name(&tx, name)
+        .await
+        .map_err(db("locking the view registry"))?;
     let marked = tx
         .execute(
             "UPDATE projector.rebuilds SET phase = 'cancelled', finished_at = now(), updated_at = now() \
@@ -394,11 +365,7 @@ pub async fn cancel(
     }
     tx.commit().await.map_err(db("cancelling the rebuild"))?;
     drop_version(client, &code).await?;
-    client
-        .execute(
-            "DELETE FROM projector.views WHERE name = $1 AND version = $2 AND state = 'building'",
-            &[&name, &r.version],
-        )
+    versions::unregister_building(&*client, name, r.version)
         .await
         .map_err(db("unregistering the cancelled version"))?;
     Ok(r.version)

@@ -44,6 +44,7 @@ use projector_engine::fingerprint;
 use projector_engine::kafka::running::{self, Session};
 use projector_engine::kafka::source::KafkaConfig;
 use projector_engine::projection::render;
+use projector_engine::versions::{self, VersionState};
 use projector_engine::{Projection, Registry};
 use tokio_util::sync::CancellationToken;
 
@@ -344,7 +345,7 @@ async fn target(
                 )));
             }
             if let Some(row) = versions.iter().find(|r| r.version == v) {
-                if row.state != "building" || row.dropped {
+                if row.state != VersionState::Building || row.dropped {
                     return Err(RebuildError::Refused(format!(
                         "{name} v{v} is {}; rebuild into a new version (the next free one is v{})",
                         row.state,
@@ -358,7 +359,7 @@ async fn target(
         // the new one) is the one to build; else the next free number.
         None => versions
             .iter()
-            .filter(|r| r.state == "building" && !r.dropped)
+            .filter(|r| r.state == VersionState::Building && !r.dropped)
             .map(|r| r.version)
             .max()
             .unwrap_or_else(|| versions.iter().map(|r| r.version).max().unwrap_or(0) + 1),
@@ -380,23 +381,14 @@ async fn register(
     tx.batch_execute(&render(&**code, &code.ddl()))
         .await
         .map_err(db_err("creating the version's tables"))?;
-    tx.execute(
-        "INSERT INTO projector.views (name, version, state, fingerprint) \
-         VALUES ($1, $2, 'building', $3) ON CONFLICT (name, version) DO NOTHING",
-        &[&code.name(), &code.version(), &fingerprint::of(&**code)],
-    )
-    .await
-    .map_err(db_err("registering the version"))?;
+    versions::register_building(&tx, code.name(), code.version(), &fingerprint::of(&**code))
+        .await
+        .map_err(db_err("registering the version"))?;
     // Registered by another binary a moment ago (the check before was not under this lock):
     // its code must be this one's.
-    let recorded: Option<String> = tx
-        .query_one(
-            "SELECT fingerprint FROM projector.views WHERE name = $1 AND version = $2 FOR UPDATE",
-            &[&code.name(), &code.version()],
-        )
+    let recorded = versions::lock_fingerprint(&tx, code.name(), code.version())
         .await
-        .map_err(db_err("registering the version"))?
-        .get(0);
+        .map_err(db_err("registering the version"))?;
     match recorded {
         Some(recorded) => {
             fingerprint::judge(&**code, Some(&recorded))?;

@@ -2,6 +2,7 @@
 //! and `projector.rebuilds` (each rebuild's phase and flags).
 
 use deadpool_postgres::Client;
+use projector_engine::versions::{self, Version};
 
 use crate::error::{db, RebuildError};
 
@@ -51,17 +52,6 @@ impl Cutover {
     }
 }
 
-/// One version of a view, as registered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VersionRow {
-    /// The version.
-    pub version: i32,
-    /// `building`, `live` or `retired`.
-    pub state: String,
-    /// Whether `retire --drop` dropped its tables.
-    pub dropped: bool,
-}
-
 /// A rebuild, as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RebuildRow {
@@ -78,23 +68,10 @@ pub struct RebuildRow {
 }
 
 /// Every registered version of `name`, in order.
-pub async fn versions(client: &Client, name: &str) -> Result<Vec<VersionRow>, RebuildError> {
-    let rows = client
-        .query(
-            "SELECT version, state, dropped_at IS NOT NULL FROM projector.views \
-             WHERE name = $1 ORDER BY version",
-            &[&name],
-        )
+pub async fn versions(client: &Client, name: &str) -> Result<Vec<Version>, RebuildError> {
+    versions::of_name(client, name)
         .await
-        .map_err(db("reading the view registry"))?;
-    Ok(rows
-        .iter()
-        .map(|r| VersionRow {
-            version: r.get(0),
-            state: r.get(1),
-            dropped: r.get(2),
-        })
-        .collect())
+        .map_err(db("reading the view registry"))
 }
 
 /// The rebuild of `name` that is under way (seeding or tailing), if any.

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 use projector_engine::kafka::running::{self, Session};
 use projector_engine::kafka::source::{run_view, KafkaConfig, Observer, SourceError};
+use projector_engine::versions::VersionState;
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -319,7 +320,7 @@ pub(crate) async fn run(
             )
             .await?
             .iter()
-            .any(|v| v.version == version && v.state == "live");
+            .any(|v| v.version == version && v.state == VersionState::Live);
             if live_now {
                 progress.message(&format!("{name} v{version} is live now"));
                 return Ok(Some(Outcome::Stopped { version }));

@@ -301,11 +301,9 @@ impl Applier {
             .dead_letter_account(&tx, id)
             .await?
             .ok_or_else(|| refused(format!("no dead letter {id} of this view version")))?;
-        let retired = tx
-            .query_opt(queries::VERSION_IS_RETIRED, &[&self.consumer])
+        let retired = crate::versions::is_retired(&tx, &self.consumer)
             .await
-            .map_err(&err)?
-            .is_some();
+            .map_err(&err)?;
         let tracked = self.ordered && !retired;
         if let (Some(account), true) = (account, tracked) {
             self.lock_account(&tx, account).await?;
@@ -382,14 +380,9 @@ impl Applier {
             ));
         }
         // Read after the lock is held: a drop that finished just before has committed.
-        let dropped = tx
-            .query_opt(
-                "SELECT 1 FROM projector.views WHERE consumer = $1 AND dropped_at IS NOT NULL",
-                &[&self.consumer],
-            )
+        let dropped = crate::versions::is_dropped(tx, &self.consumer)
             .await
-            .map_err(&err)?
-            .is_some();
+            .map_err(&err)?;
         if dropped {
             return Err(refused(
                 "the version was dropped: nothing of it is left to repair",
