@@ -37,12 +37,14 @@
 pub mod apply;
 pub mod bell;
 pub mod db;
+pub mod dead_letters;
 pub mod event;
 pub mod fingerprint;
 pub mod inbox;
 pub mod kafka;
 mod metrics;
 pub mod ops;
+pub mod parked;
 pub mod processes;
 pub mod projection;
 pub mod queries;
