@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use projector_engine::ops::health::human_seconds;
 use projector_engine::ops::status::{nonzero, Status, VersionStatus};
 use projector_engine::ops::{collect, HealthRule, Severity, StatusOptions, TopicProbe};
+use projector_engine::versions::VersionState;
 
 use crate::config::{kafka_config, parse_duration, parse_property, stall_after, File};
 
@@ -187,7 +188,7 @@ pub fn render(status: &Status, all_partitions: bool) -> String {
     let details: Vec<String> = status
         .views
         .iter()
-        .filter(|v| v.state != "retired")
+        .filter(|v| v.state != VersionState::Retired.as_str())
         .flat_map(|v| {
             let mut lines = Vec::new();
             let d = &v.counters.duplicates;

@@ -4,8 +4,27 @@
 use deadpool_postgres::Client;
 
 use crate::fingerprint::{self, Verdict};
-use crate::projection::{render, Projection, Registry};
+use crate::projection::{render, Projection, Registry, SqlFile};
 use crate::versions;
+
+const SQL: SqlFile = SqlFile::new("engine/src/schema.sql", include_str!("schema.sql"));
+
+fn statement(name: &str) -> &'static str {
+    SQL.section(name)
+}
+
+/// Whether the engine's migrations have run in this database (`projector views check`
+/// prepares SQL views only where the engine's tables exist).
+pub async fn has_schema(client: &Client) -> Result<bool, SchemaError> {
+    client
+        .query_one(statement("has_schema"), &[])
+        .await
+        .and_then(|r| r.try_get(0))
+        .map_err(|source| SchemaError::Database {
+            doing: "looking for the engine's schema",
+            source,
+        })
+}
 
 mod embedded {
     refinery::embed_migrations!("../migrations");
@@ -83,11 +102,7 @@ pub struct MigrateReport {
 /// creates anything, and `run --no-migrate` before it consumes.
 pub async fn check_encoding(client: &Client) -> Result<(), SchemaError> {
     let row = client
-        .query_one(
-            "SELECT current_database()::text, pg_encoding_to_char(encoding)::text \
-             FROM pg_database WHERE datname = current_database()",
-            &[],
-        )
+        .query_one(statement("encoding"), &[])
         .await
         .map_err(|source| SchemaError::Database {
             doing: "reading the database's encoding",
@@ -110,12 +125,12 @@ pub async fn migrate(
     check_encoding(client).await?;
     let db = |doing| move |source| SchemaError::Database { doing, source };
     client
-        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATE_LOCK])
+        .execute(statement("lock"), &[&MIGRATE_LOCK])
         .await
         .map_err(db("taking the migration lock"))?;
     let result = migrate_locked(client, registry).await;
     let unlock = client
-        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATE_LOCK])
+        .execute(statement("unlock"), &[&MIGRATE_LOCK])
         .await
         .map_err(db("releasing the migration lock"));
     let report = result?;
@@ -128,7 +143,7 @@ pub async fn migrate(
 #[cfg(feature = "testkit")]
 pub async fn migrate_engine_to(client: &mut Client, version: u32) -> Result<(), SchemaError> {
     client
-        .batch_execute("SET client_min_messages = warning; CREATE SCHEMA IF NOT EXISTS projector")
+        .batch_execute(statement("create_schema"))
         .await
         .map_err(|source| SchemaError::Database {
             doing: "creating schema projector",
@@ -146,7 +161,7 @@ async fn migrate_locked(
     registry: &Registry,
 ) -> Result<MigrateReport, SchemaError> {
     client
-        .batch_execute("SET client_min_messages = warning; CREATE SCHEMA IF NOT EXISTS projector")
+        .batch_execute(statement("create_schema"))
         .await
         .map_err(|source| SchemaError::Database {
             doing: "creating schema projector",
@@ -219,15 +234,12 @@ async fn install_view(
     }
     let live = versions::live_version(&tx, view.name()).await?;
     let exists = tx
-        .query_opt(
-            "SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = current_schema() AND c.relname = $1",
-            &[&view.name()],
-        )
+        .query_opt(statement("name_taken"), &[&view.name()])
         .await?
         .is_some();
     if live == Some(view.version()) && !exists {
         let body = render(view, &view.read_sql());
+        // Composed per view: its name and read statement.
         tx.batch_execute(&format!("CREATE VIEW {} AS {}", view.name(), body))
             .await?;
         out.read_names.push(view.name().to_owned());

@@ -5,7 +5,7 @@ pub mod conformance;
 mod database;
 mod feed;
 
-pub use database::{admin_url, TestDb};
+pub use database::{admin_url, drop_databases_of_this_process, TestDb};
 pub use feed::{bust, cash, consume, consume_with_crashes, fill, fill_v2, EventSpec, Partition};
 
 /// A small deterministic generator, so that random schedules are reproducible from a seed
