@@ -75,14 +75,9 @@ pub async fn cutover(
     // Under the registry's lock, which a cancel takes too before it marks the rebuild
     // cancelled: a version whose rebuild is cancelled is being dropped, and one still seeding
     // has nothing in its tables yet.
-    let phase: Option<String> = tx
-        .query_opt(
-            "SELECT phase FROM projector.rebuilds WHERE name = $1 AND version = $2",
-            &[&name, &version],
-        )
+    let phase = state::phase(&tx, name, version)
         .await
-        .map_err(db("reading the version's rebuild"))?
-        .map(|r| r.get(0));
+        .map_err(db("reading the version's rebuild"))?;
     match phase.as_deref() {
         Some("cancelled") => {
             return Err(RebuildError::Refused(format!(
@@ -170,13 +165,9 @@ pub async fn cutover(
     ))
     .await
     .map_err(db("replacing the stable read name"))?;
-    tx.execute(
-        "UPDATE projector.rebuilds SET phase = 'done', finished_at = now(), updated_at = now() \
-         WHERE consumer = $1 AND phase IN ('seeding', 'tailing')",
-        &[&new_consumer],
-    )
-    .await
-    .map_err(db("closing the rebuild"))?;
+    state::done(&tx, &new_consumer)
+        .await
+        .map_err(db("closing the rebuild"))?;
     tx.commit().await.map_err(db("committing the cutover"))?;
     Ok(CutoverReport {
         name: name.to_owned(),
@@ -347,17 +338,10 @@ pub async fn cancel(
     versions::lock_name(&tx, name)
         .await
         .map_err(db("locking the view registry"))?;
-    let marked = tx
-        .execute(
-            "UPDATE projector.rebuilds SET phase = 'cancelled', finished_at = now(), updated_at = now() \
-             WHERE name = $1 AND version = $2 AND phase IN ('seeding', 'tailing', 'cancelled') \
-               AND EXISTS (SELECT 1 FROM projector.views \
-                           WHERE name = $1 AND version = $2 AND state = 'building')",
-            &[&name, &r.version],
-        )
+    let marked = state::cancel(&tx, name, r.version)
         .await
         .map_err(db("cancelling the rebuild"))?;
-    if marked == 0 {
+    if !marked {
         return Err(RebuildError::Refused(format!(
             "the rebuild of {name} into v{} is no longer under way (it was cut over)",
             r.version

@@ -260,12 +260,7 @@ pub async fn rebuild(
                     }
                 }
                 // Only from `seeding`: a cancel that came meanwhile stays a cancel.
-                client
-                    .execute(
-                        "UPDATE projector.rebuilds SET phase = 'tailing', updated_at = now() \
-                         WHERE name = $1 AND version = $2 AND phase = 'seeding'",
-                        &[&name, &version],
-                    )
+                state::tailing(&client, name, version)
                     .await
                     .map_err(db_err("starting the tail"))?;
             }
@@ -401,18 +396,8 @@ async fn register(
             .into())
         }
     }
-    tx.execute(
-        "INSERT INTO projector.rebuilds (consumer, name, version, source, phase, cutover) \
-         VALUES ($1, $2, $3, $4, 'seeding', $5) ON CONFLICT (consumer) DO NOTHING",
-        &[
-            &code.consumer(),
-            &code.name(),
-            &code.version(),
-            &source.as_str(),
-            &cutover.as_str(),
-        ],
-    )
-    .await
-    .map_err(db_err("recording the rebuild"))?;
+    state::start(&tx, &**code, source, cutover)
+        .await
+        .map_err(db_err("recording the rebuild"))?;
     tx.commit().await.map_err(db_err("registering the version"))
 }

@@ -147,13 +147,9 @@ pub async fn from_snapshot(
     )
     .await
     .map_err(db("recording the snapshot"))?;
-    tx.execute(
-        "UPDATE projector.rebuilds SET phase = 'tailing', snapshot_at = $2, updated_at = now() \
-         WHERE consumer = $1",
-        &[&consumer, &taken_at],
-    )
-    .await
-    .map_err(db("recording the snapshot"))?;
+    crate::state::seeded(&tx, &consumer, taken_at)
+        .await
+        .map_err(db("recording the snapshot"))?;
     tx.commit().await.map_err(db("committing the snapshot"))?;
     Ok(Seeded {
         accounts: accounts.len(),
