@@ -46,6 +46,7 @@ mod metrics;
 pub mod ops;
 pub mod parked;
 pub mod processes;
+pub mod progress;
 pub mod projection;
 pub mod queries;
 pub mod schema;

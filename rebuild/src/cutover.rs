@@ -14,6 +14,7 @@ use std::time::Duration;
 use deadpool_postgres::Client;
 use projector_engine::fingerprint;
 use projector_engine::kafka::running;
+use projector_engine::progress;
 use projector_engine::projection::render;
 use projector_engine::versions::{self, Version, VersionState};
 use projector_engine::{Projection, Registry};
@@ -100,29 +101,14 @@ pub async fn cutover(
     if let Some(old) = old {
         let old_consumer = format!("{name}_v{old}");
         if let Some(max) = max_behind {
-            let behind = tx
-                .query(
-                    "SELECT o.topic, o.partition, o.next_offset - coalesce(n.next_offset, 0) \
-                     FROM projector.offsets o LEFT JOIN projector.offsets n \
-                       ON n.consumer = $1 AND n.topic = o.topic AND n.partition = o.partition \
-                     WHERE o.consumer = $2 AND o.next_offset > coalesce(n.next_offset, 0) \
-                     ORDER BY 1, 2",
-                    &[&new_consumer, &old_consumer],
-                )
+            let behind = progress::behind(&tx, &new_consumer, &old_consumer)
                 .await
                 .map_err(db("comparing the versions' offsets"))?;
-            let total: i64 = behind.iter().map(|r| r.get::<_, i64>(2)).sum();
+            let total: i64 = behind.iter().map(|b| b.messages).sum();
             if total > max {
                 let detail = behind
                     .iter()
-                    .map(|r| {
-                        format!(
-                            "{}/{} {}",
-                            r.get::<_, String>(0),
-                            r.get::<_, i32>(1),
-                            r.get::<_, i64>(2)
-                        )
-                    })
+                    .map(|b| format!("{}/{} {}", b.topic, b.partition, b.messages))
                     .collect::<Vec<_>>()
                     .join(", ");
                 return Err(RebuildError::Refused(format!(
@@ -131,27 +117,14 @@ pub async fn cutover(
                 )));
             }
         }
-        accounts_ahead = tx
-            .query_one(
-                "SELECT count(*) FROM projector.account_progress n \
-                 JOIN projector.account_progress o ON o.consumer = $2 AND o.account_id = n.account_id \
-                 WHERE n.consumer = $1 AND n.last_seq > o.last_seq",
-                &[&new_consumer, &old_consumer],
-            )
+        accounts_ahead = progress::accounts_ahead(&tx, &new_consumer, &old_consumer)
             .await
-            .map_err(db("comparing the versions"))?
-            .get(0);
+            .map_err(db("comparing the versions"))?;
         // An old version that still trails the boundary its own cutover gave it has not
         // announced up to it, but the version before it has: the larger of the two goes on.
-        tx.execute(
-            "INSERT INTO projector.account_progress (consumer, account_id, last_seq, emit_after_seq) \
-             SELECT $1, account_id, 0, GREATEST(last_seq, coalesce(emit_after_seq, 0)) \
-             FROM projector.account_progress WHERE consumer = $2 \
-             ON CONFLICT (consumer, account_id) DO UPDATE SET emit_after_seq = EXCLUDED.emit_after_seq",
-            &[&new_consumer, &old_consumer],
-        )
-        .await
-        .map_err(db("handing the notices over"))?;
+        progress::hand_over_notices(&tx, &new_consumer, &old_consumer)
+            .await
+            .map_err(db("handing the notices over"))?;
         versions::retire_replaced(&tx, name, old)
             .await
             .map_err(db("retiring the old version"))?;
@@ -159,6 +132,7 @@ pub async fn cutover(
     versions::make_live(&tx, name, version)
         .await
         .map_err(db("making the new version live"))?;
+    // Composed per view: its name and read statement.
     tx.batch_execute(&format!(
         "DROP VIEW IF EXISTS {name}; CREATE VIEW {name} AS {}",
         render(&*code, &code.read_sql())
@@ -282,6 +256,7 @@ async fn drop_taken(client: &mut Client, view: &Arc<dyn Projection>) -> Result<(
     let consumer = view.consumer();
     for table in view.tables().iter().rev() {
         client
+            // Composed per table of the view.
             .batch_execute(&format!(
                 "DROP TABLE IF EXISTS {} CASCADE",
                 render(&**view, table)
@@ -292,18 +267,7 @@ async fn drop_taken(client: &mut Client, view: &Arc<dyn Projection>) -> Result<(
     projector_engine::inbox::delete_consumer(client, &consumer)
         .await
         .map_err(db("deleting the version's inbox rows"))?;
-    client
-        .execute(
-            "WITH o AS (DELETE FROM projector.offsets WHERE consumer = $1), \
-                  p AS (DELETE FROM projector.account_progress WHERE consumer = $1), \
-                  w AS (DELETE FROM projector.waiting_events WHERE consumer = $1), \
-                  k AS (DELETE FROM projector.parked_accounts WHERE consumer = $1), \
-                  s AS (DELETE FROM projector.snapshots WHERE consumer = $1), \
-                  l AS (DELETE FROM projector.inbox_late_writes WHERE consumer = $1), \
-                  e AS (DELETE FROM projector.seen_seqs WHERE consumer = $1) \
-             DELETE FROM projector.dead_letters WHERE consumer = $1",
-            &[&consumer],
-        )
+    progress::forget(&*client, &consumer)
         .await
         .map_err(db("deleting the version's bookkeeping"))?;
     Ok(())
