@@ -24,6 +24,10 @@
 //!   letters and the inbox, as a batch writes them).
 //! - [`versions`]: the version registry `projector.views` and the [`versions::VersionState`]
 //!   lifecycle; its statements in `versions.sql`.
+//! - [`dead_letters`], [`parked`]: dead letters and parked accounts outside a batch (what
+//!   `projector dlq` and `parked` list, read and skip); [`progress`]: offsets, progress and
+//!   snapshots outside a batch (a rebuild's, a drop's). Each owner's statements are in the
+//!   `.sql` file beside it (docs/architecture.md lists them).
 //! - [`db`]: connection pools that never hand out a connection left inside a transaction.
 //! - [`kafka`]: the Kafka source; the producer and a dev broker are in `projector-devkit`.
 //! - [`processes`]: which process consumes, fails to start or skips which version.

@@ -68,7 +68,8 @@ pub async fn from_snapshot(
     tx.batch_execute("SET LOCAL synchronous_commit = on")
         .await
         .map_err(db("starting the snapshot transaction"))?;
-    // The first query fixes the transaction's snapshot; now() is when it began.
+    // The first query fixes the transaction's snapshot; now() is when it began (no table's
+    // statement: the time of this transaction).
     let taken_at: chrono::DateTime<chrono::Utc> = tx
         .query_one("SELECT now()", &[])
         .await

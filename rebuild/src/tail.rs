@@ -482,6 +482,7 @@ async fn place(
         .transaction()
         .await
         .map_err(db("placing the tail's offsets"))?;
+    // A setting of this transaction, no table's: its commit waits for the WAL.
     tx.batch_execute("SET LOCAL synchronous_commit = on")
         .await
         .map_err(db("placing the tail's offsets"))?;
