@@ -8,7 +8,10 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use deadpool_postgres::Client;
 use projector_engine::apply::DeadLetterSkip;
+use projector_engine::dead_letters::{self, Skipped};
 use projector_engine::event::safe_text;
+use projector_engine::parked;
+use projector_engine::versions;
 use projector_engine::{Applier, Registry, SourceOrdering};
 
 /// `projector dlq ...`
@@ -143,14 +146,8 @@ async fn consumer_of(client: &Client, view: &str, version: Option<i32>) -> anyho
     if let Some(v) = version {
         return Ok(format!("{view}_v{v}"));
     }
-    let row = client
-        .query_opt(
-            "SELECT version FROM projector.views WHERE name = $1 AND state = 'live'",
-            &[&view],
-        )
-        .await?;
-    match row {
-        Some(r) => Ok(format!("{view}_v{}", r.get::<_, i32>(0))),
+    match versions::live_version(client, view).await? {
+        Some(v) => Ok(format!("{view}_v{v}")),
         None => bail!("{view} has no live version; pass --version"),
     }
 }
@@ -160,96 +157,64 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
     let mut client = connect(url, registry).await?;
     match command {
         Dlq::List { view, all, limit } => {
-            let rows = client
-                .query(
-                    "SELECT id, consumer, kind, topic, partition, \"offset\", account_id, seq, error, \
-                            created_at::text, coalesce(resolution, '') \
-                     FROM projector.dead_letters \
-                     WHERE ($1::text IS NULL OR consumer LIKE $1 || '\\_v%') AND ($2 OR resolved_at IS NULL) \
-                     ORDER BY id DESC LIMIT $3",
-                    &[&view, &all, &limit],
-                )
-                .await?;
+            let rows = dead_letters::list(&client, view.as_deref(), all, limit).await?;
             if rows.is_empty() {
                 println!("no dead letters");
             }
             for r in rows {
-                let account: Option<i64> = r.get(6);
-                let seq: Option<i64> = r.get(7);
-                let at = match (account, seq) {
+                let at = match (r.account, r.seq) {
                     (Some(a), Some(s)) => format!("account {a} seq {s}"),
                     (Some(a), None) => format!("account {a}"),
                     _ => "no account".to_owned(),
                 };
-                let resolution: String = r.get(10);
                 println!(
                     "{:>6}  {:<14} {:<12} {}/{}@{}  {at}  {}{}",
-                    r.get::<_, i64>(0),
-                    r.get::<_, String>(1),
-                    r.get::<_, String>(2),
-                    r.get::<_, String>(3),
-                    r.get::<_, i32>(4),
-                    r.get::<_, i64>(5),
-                    safe_text(&r.get::<_, String>(8), 100),
-                    if resolution.is_empty() {
+                    r.id,
+                    r.consumer,
+                    r.kind,
+                    r.topic,
+                    r.partition,
+                    r.offset,
+                    safe_text(&r.error, 100),
+                    if r.resolution.is_empty() {
                         String::new()
                     } else {
-                        format!("  [{resolution}]")
+                        format!("  [{}]", r.resolution)
                     }
                 );
             }
         }
         Dlq::Show { id } => {
-            let Some(r) = client
-                .query_opt(
-                    "SELECT consumer, kind, topic, partition, \"offset\", message_key, payload, event_id, \
-                            account_id, seq, error, created_at::text, resolved_at::text, resolution, \
-                            resolved_by, resolution_note \
-                     FROM projector.dead_letters WHERE id = $1",
-                    &[&id],
-                )
-                .await?
-            else {
+            let Some(r) = dead_letters::show(&client, id).await? else {
                 bail!("no dead letter {id}");
             };
-            let key: Option<Vec<u8>> = r.get(5);
-            let payload: Vec<u8> = r.get(6);
-            println!(
-                "dead letter {id} of {}: {}",
-                r.get::<_, String>(0),
-                r.get::<_, String>(1)
-            );
+            println!("dead letter {id} of {}: {}", r.consumer, r.kind);
             println!(
                 "  from      {}/{} offset {}",
-                r.get::<_, String>(2),
-                r.get::<_, i32>(3),
-                r.get::<_, i64>(4)
+                r.topic, r.partition, r.offset
             );
             println!(
                 "  event     {}  account {}  seq {}",
-                r.get::<_, Option<String>>(7)
-                    .unwrap_or_else(|| "-".to_owned()),
-                r.get::<_, Option<i64>>(8)
-                    .map_or("-".to_owned(), |v| v.to_string()),
-                r.get::<_, Option<i64>>(9)
-                    .map_or("-".to_owned(), |v| v.to_string())
+                r.event_id.as_deref().unwrap_or("-"),
+                r.account.map_or("-".to_owned(), |v| v.to_string()),
+                r.seq.map_or("-".to_owned(), |v| v.to_string())
             );
-            println!("  at        {}", r.get::<_, String>(11));
-            println!("  error     {}", r.get::<_, String>(10));
-            if let Some(resolved) = r.get::<_, Option<String>>(12) {
+            println!("  at        {}", r.created_at);
+            println!("  error     {}", r.error);
+            if let Some(resolved) = &r.resolved_at {
                 println!(
                     "  resolved  {resolved}: {} by {} ({})",
-                    r.get::<_, Option<String>>(13).unwrap_or_default(),
-                    r.get::<_, Option<String>>(14).unwrap_or_default(),
-                    r.get::<_, Option<String>>(15).unwrap_or_default()
+                    r.resolution.unwrap_or_default(),
+                    r.resolved_by.unwrap_or_default(),
+                    r.resolution_note.unwrap_or_default()
                 );
             }
             println!(
                 "  key       {}",
-                key.as_deref().map_or("-".to_owned(), render_bytes)
+                r.key.as_deref().map_or("-".to_owned(), render_bytes)
             );
-            println!("  payload   {} bytes", payload.len());
-            println!("{}", render_bytes(&payload));
+            println!("  payload   {} bytes", r.payload.len());
+            println!("{}", render_bytes(&r.payload));
         }
         Dlq::Retry { id, by } => {
             let consumer = consumer_of_dead_letter(&client, id).await?;
@@ -261,26 +226,14 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
             if disposition != projector_engine::Disposition::DeadLettered
                 && !applier.projection().order_independent()
             {
-                let account: Option<i64> = client
-                    .query_one(
-                        "SELECT account_id FROM projector.dead_letters WHERE id = $1",
-                        &[&id],
-                    )
-                    .await?
-                    .get(0);
+                let account = dead_letters::account(&client, id).await?;
                 if let Some(account) = account {
                     counts += &drain(&applier, &mut client, account).await?;
                 }
             }
             match disposition {
                 projector_engine::Disposition::DeadLettered => {
-                    let error: String = client
-                        .query_one(
-                            "SELECT error FROM projector.dead_letters WHERE id = $1",
-                            &[&id],
-                        )
-                        .await?
-                        .get(0);
+                    let error = dead_letters::error(&client, id).await?;
                     bail!("dead letter {id} failed again and stays open: {error}");
                 }
                 d => println!(
@@ -318,20 +271,12 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
                 // it runs any more, so the dead letter is only resolved. Any other version
                 // needs its code to decide (an older binary, say): an error.
                 Err(e) => {
-                    let retired = client
-                        .query_opt(projector_engine::queries::VERSION_IS_RETIRED, &[&consumer])
-                        .await?
-                        .is_some();
+                    let retired = versions::is_retired(&client, &consumer).await?;
                     if !retired {
                         return Err(e);
                     }
-                    let resolved = client
-                        .execute(
-                            "UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'skipped', \
-                                 resolved_by = $2, resolution_note = $3 WHERE id = $1 AND resolved_at IS NULL",
-                            &[&id, &by, &reason],
-                        )
-                        .await?;
+                    let resolved =
+                        dead_letters::skip(&client, Skipped::One(id), &by, &reason).await?;
                     if resolved == 0 {
                         bail!("dead letter {id} is resolved already");
                     }
@@ -344,14 +289,8 @@ pub async fn run_dlq(url: &str, registry: &Registry, command: Dlq) -> anyhow::Re
 }
 
 async fn consumer_of_dead_letter(client: &Client, id: i64) -> anyhow::Result<String> {
-    match client
-        .query_opt(
-            "SELECT consumer FROM projector.dead_letters WHERE id = $1",
-            &[&id],
-        )
-        .await?
-    {
-        Some(r) => Ok(r.get(0)),
+    match dead_letters::consumer(client, id).await? {
+        Some(consumer) => Ok(consumer),
         None => bail!("no dead letter {id}"),
     }
 }
@@ -395,32 +334,21 @@ pub async fn run_parked(url: &str, registry: &Registry, command: Parked) -> anyh
     let mut client = connect(url, registry).await?;
     match command {
         Parked::List { view, limit } => {
-            let rows = client
-                .query(
-                    "SELECT k.consumer, k.account_id, k.reason, k.blocked_seq, k.dead_letter_id, \
-                            (SELECT count(*) FROM projector.waiting_events w \
-                             WHERE w.consumer = k.consumer AND w.account_id = k.account_id), \
-                            k.parked_at::text, k.detail \
-                     FROM projector.parked_accounts k \
-                     WHERE $1::text IS NULL OR k.consumer LIKE $1 || '\\_v%' \
-                     ORDER BY k.parked_at LIMIT $2",
-                    &[&view, &limit],
-                )
-                .await?;
+            let rows = parked::list(&client, view.as_deref(), limit).await?;
             if rows.is_empty() {
                 println!("no parked accounts");
             }
             for r in rows {
-                let dead: Option<i64> = r.get(4);
                 println!(
                     "{:<14} account {:<10} {:<11} waits for seq {} ({} waiting){}  since {}",
-                    r.get::<_, String>(0),
-                    r.get::<_, i64>(1),
-                    r.get::<_, String>(2),
-                    r.get::<_, i64>(3),
-                    r.get::<_, i64>(5),
-                    dead.map_or(String::new(), |d| format!(", dead letter {d}")),
-                    r.get::<_, String>(6),
+                    r.consumer,
+                    r.account,
+                    r.reason,
+                    r.blocked_seq,
+                    r.waiting,
+                    r.dead_letter
+                        .map_or(String::new(), |d| format!(", dead letter {d}")),
+                    r.parked_at,
                 );
             }
         }
@@ -436,13 +364,7 @@ pub async fn run_parked(url: &str, registry: &Registry, command: Parked) -> anyh
             // (a corrected republish the last bounded drain stopped short of) while the
             // park still names the original's dead letter, which would only fail again.
             let mut counts = drain(&applier, &mut client, account).await?;
-            let dead: Option<i64> = client
-                .query_opt(
-                    "SELECT dead_letter_id FROM projector.parked_accounts WHERE consumer = $1 AND account_id = $2",
-                    &[&consumer, &account],
-                )
-                .await?
-                .and_then(|r| r.get(0));
+            let dead = parked::dead_letter(&client, &consumer, account).await?;
             if let Some(id) = dead {
                 let (disposition, retried) =
                     applier.retry_dead_letter(&mut client, id, &who(by)).await?;
@@ -452,13 +374,7 @@ pub async fn run_parked(url: &str, registry: &Registry, command: Parked) -> anyh
                 }
                 counts += &drain(&applier, &mut client, account).await?;
             }
-            let still: Option<i64> = client
-                .query_opt(
-                    "SELECT blocked_seq FROM projector.parked_accounts WHERE consumer = $1 AND account_id = $2",
-                    &[&consumer, &account],
-                )
-                .await?
-                .map(|r| r.get(0));
+            let still = parked::blocked_seq(&client, &consumer, account).await?;
             match still {
                 Some(seq) => println!(
                     "account {account}: {} event(s) applied; still waits for seq {seq}",

@@ -196,14 +196,8 @@ pub async fn run(url: &str, registry: &Registry, args: Args) -> anyhow::Result<(
 async fn report_problems(url: &str, consumer: &str) -> anyhow::Result<()> {
     let pool = projector_engine::db::pool(url, 1)?;
     let client = pool.get().await?;
-    let row = client
-        .query_one(
-            "SELECT (SELECT count(*) FROM projector.parked_accounts WHERE consumer = $1), \
-                    (SELECT count(*) FROM projector.dead_letters WHERE consumer = $1 AND resolved_at IS NULL)",
-            &[&consumer],
-        )
-        .await?;
-    let (parked, dead): (i64, i64) = (row.get(0), row.get(1));
+    let parked = projector_engine::parked::count(&client, consumer).await?;
+    let dead = projector_engine::dead_letters::count_open(&client, consumer).await?;
     if parked > 0 || dead > 0 {
         println!(
             "{consumer}: {parked} parked account(s), {dead} open dead letter(s); see projector.parked_accounts and projector.dead_letters"

@@ -48,11 +48,7 @@ fn builtin(view: &str, table: &str) -> Option<(String, Duration)> {
     match view {
         // Per account and UTC trading day; `at` is the day's midnight UTC.
         "eod" => Some((
-            format!(
-                "SELECT (trading_day::timestamp AT TIME ZONE 'UTC') AS at, fills, busts, \
-                 bought_qty, sold_qty, bought_notional, sold_notional, fees, cash_in, cash_out \
-                 FROM {table}"
-            ),
+            projector_views::Eod::reconcile_sql(table),
             Duration::from_secs(86_400),
         )),
         _ => None,

@@ -25,11 +25,7 @@ pub async fn registry(base: Registry, dir: Option<&Path>, url: &str) -> anyhow::
     let mut client = pool.get().await.context(
         "cannot connect to PostgreSQL to check the SQL views (check --database-url / DATABASE_URL)",
     )?;
-    let has_schema = client
-        .query_one("SELECT to_regclass('projector.inbox') IS NOT NULL", &[])
-        .await?
-        .get::<_, bool>(0);
-    if !has_schema {
+    if !projector_engine::schema::has_schema(&client).await? {
         // The apply statement writes the engine's inbox: it prepares only where it exists.
         projector_engine::migrate(&mut client, &Registry::new()).await?;
     }
@@ -96,7 +92,7 @@ pub async fn check_dir(base: &Registry, args: CheckArgs, url: &str) -> anyhow::R
     // The testkit's scratch databases are made on the server tests use.
     std::env::set_var("PROJECTOR_TEST_DATABASE_URL", url);
     let result = check_views(&views, &events).await;
-    drop_scratch(url).await;
+    projector_engine::testkit::drop_databases_of_this_process(url).await;
     result
 }
 
@@ -161,32 +157,6 @@ async fn check_views(views: &[SqlView], events: &[EventSpec]) -> anyhow::Result<
     }
     std::panic::set_hook(hook);
     Ok(all_passed)
-}
-
-/// Drops the scratch databases this process made: the suite keeps a failing run's.
-async fn drop_scratch(url: &str) {
-    let Ok(pool) = projector_engine::db::pool(url, 1) else {
-        return;
-    };
-    let Ok(client) = pool.get().await else {
-        return;
-    };
-    let prefix = format!("projector_test_{}_%", std::process::id());
-    let Ok(rows) = client
-        .query(
-            "SELECT datname FROM pg_database WHERE datname LIKE $1",
-            &[&prefix],
-        )
-        .await
-    else {
-        return;
-    };
-    for row in rows {
-        let name: String = row.get(0);
-        let _ = client
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .await;
-    }
 }
 
 /// JSON lines of events, the envelope `projector publish` reads.

@@ -14,6 +14,7 @@ use projector_engine::kafka::log::{LogReader, Reading};
 use projector_ops::health::human_seconds;
 use projector_ops::status::{nonzero, Status, VersionStatus};
 use projector_ops::{collect, HealthRule, Severity, StatusOptions};
+use projector_engine::versions::VersionState;
 
 use crate::config::{kafka_config, parse_duration, parse_property, stall_after, File};
 
@@ -188,7 +189,7 @@ pub fn render(status: &Status, all_partitions: bool) -> String {
     let details: Vec<String> = status
         .views
         .iter()
-        .filter(|v| v.state != "retired")
+        .filter(|v| v.state != VersionState::Retired.as_str())
         .flat_map(|v| {
             let mut lines = Vec::new();
             let d = &v.counters.duplicates;

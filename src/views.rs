@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 
+use projector_engine::versions::{self, VersionState};
 use projector_engine::Registry;
 
 /// `projector views [check DIR]`.
@@ -37,7 +38,7 @@ pub async fn run(database_url: &str, registry: &Registry) -> anyhow::Result<()> 
         let state = match &states {
             Some(s) => s
                 .get(&(view.name().to_owned(), view.version()))
-                .map_or("unmigrated", String::as_str),
+                .map_or("unmigrated", |s| s.as_str()),
             None => "unknown",
         };
         let order = if view.order_independent() {
@@ -69,14 +70,12 @@ pub async fn run(database_url: &str, registry: &Registry) -> anyhow::Result<()> 
     Ok(())
 }
 
-async fn states(database_url: &str) -> anyhow::Result<HashMap<(String, i32), String>> {
+async fn states(database_url: &str) -> anyhow::Result<HashMap<(String, i32), VersionState>> {
     let pool = projector_engine::db::pool(database_url, 1)?;
     let client = pool.get().await?;
-    let rows = client
-        .query("SELECT name, version, state FROM projector.views", &[])
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+    Ok(versions::all_states(&client)
+        .await?
+        .into_iter()
+        .map(|(name, version, state)| ((name, version), state))
         .collect())
 }

@@ -49,9 +49,12 @@ pub const PERIOD: Duration = Duration::from_millis(100);
 /// just rang, or a busy view's waiters would be woken twice as often).
 const LOOK: Duration = Duration::from_millis(50);
 
-/// How long the notifier waits to take a bell back after a ring: the woken waiters let go at
-/// once; longer means another process took it meanwhile.
-const RETAKE_TIMEOUT: &str = "SET lock_timeout = '1s'";
+const SQL: crate::projection::SqlFile =
+    crate::projection::SqlFile::new("engine/src/bell.sql", include_str!("bell.sql"));
+
+fn statement(name: &str) -> &'static str {
+    SQL.section(name)
+}
 
 /// The apply path's side of the bells: which views committed since the notifier last rang.
 /// Cloned into every applier of a process; [`Bell::silent`] rings nothing.
@@ -140,7 +143,7 @@ pub async fn run_notifier(bell: Bell, pool: Pool, stop: CancellationToken) {
             if session.is_none() {
                 let s = Session::open(&pool).await.map_err(|e| e.to_string())?;
                 s.client()
-                    .batch_execute(RETAKE_TIMEOUT)
+                    .batch_execute(statement("retake_timeout"))
                     .await
                     .map_err(|e| e.to_string())?;
                 session = Some(s);
@@ -152,10 +155,7 @@ pub async fn run_notifier(bell: Bell, pool: Pool, stop: CancellationToken) {
             let client = s.client();
             for view in known.difference(&held.clone()) {
                 let row = client
-                    .query_one(
-                        "SELECT pg_try_advisory_lock($1, hashtext($2))",
-                        &[&CLASS, view],
-                    )
+                    .query_one(statement("try_take"), &[&CLASS, view])
                     .await
                     .map_err(|e| e.to_string())?;
                 if row.get::<_, bool>(0) {
@@ -168,16 +168,7 @@ pub async fn run_notifier(bell: Bell, pool: Pool, stop: CancellationToken) {
                 last_look = Instant::now();
                 let views: Vec<&String> = held.iter().collect();
                 let queued = client
-                    .query(
-                        "SELECT v FROM unnest($1::text[]) AS v WHERE EXISTS ( \
-                           SELECT 1 FROM pg_catalog.pg_locks l \
-                           WHERE l.locktype = 'advisory' AND l.classid = $2::int::oid \
-                             AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d \
-                                               WHERE d.datname = current_database()) \
-                             AND l.objsubid = 2 AND NOT l.granted \
-                             AND l.objid = (hashtext(v)::bigint & 4294967295)::oid)",
-                        &[&views, &CLASS],
-                    )
+                    .query(statement("queued"), &[&views, &CLASS])
                     .await
                     .map_err(|e| e.to_string())?;
                 for row in queued {
@@ -198,8 +189,8 @@ pub async fn run_notifier(bell: Bell, pool: Pool, stop: CancellationToken) {
                 // behind it.
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&CLASS, &view];
                 let (_, retaken) = futures::join!(
-                    client.query_one("SELECT pg_advisory_unlock($1, hashtext($2))", &params),
-                    client.query_one("SELECT pg_advisory_lock($1, hashtext($2))", &params)
+                    client.query_one(statement("release"), &params),
+                    client.query_one(statement("take"), &params)
                 );
                 match retaken {
                     Ok(_) => {
@@ -300,7 +291,7 @@ pub async fn wait_applied(
     let micros = i64::try_from(timeout.min(CENTURY).as_micros()).unwrap_or(i64::MAX);
     let row = client
         .query_one(
-            "SELECT projector.wait_applied($1, $2, $3, $4::bigint * interval '1 microsecond')",
+            statement("wait_applied"),
             &[&view, &account_id, &seq, &micros],
         )
         .await

@@ -186,27 +186,21 @@ pub fn judge(projection: &dyn Projection, recorded: Option<&str>) -> Result<Verd
     })
 }
 
-/// The fingerprint a version's registry row records (`NULL`: none yet); no row: the version
-/// is not registered. A read, never an update: recording one is `migrate`'s.
-const RECORDED: &str = "SELECT fingerprint FROM projector.views WHERE name = $1 AND version = $2";
-
 /// Checks this process's code for a version against the fingerprint its registry row
 /// records. A version with none recorded yet is refused ([`CodeError::Unrecorded`]).
 pub async fn check(
     client: &impl deadpool_postgres::GenericClient,
     projection: &dyn Projection,
 ) -> Result<Verdict, CodeError> {
-    let row = client
-        .query_opt(RECORDED, &[&projection.name(), &projection.version()])
+    let row = crate::versions::recorded(client, projection.name(), projection.version())
         .await
         .map_err(|source| CodeError::Database {
             consumer: projection.consumer(),
             source,
         })?;
-    let Some(row) = row else {
+    let Some(recorded) = row else {
         return Ok(Verdict::Unregistered);
     };
-    let recorded: Option<String> = row.get(0);
     match recorded {
         Some(recorded) => judge(projection, Some(&recorded)),
         None => Err(CodeError::Unrecorded {

@@ -22,7 +22,14 @@
 //!   waiters after each committed batch, and [`wait_applied`] for services in Rust.
 //! - [`inbox`]: the inbox's layout, one partition per day of the events' own time: making
 //!   days ahead and on demand, late writes, the inbox before that layout.
-//! - [`queries`]: every statement the engine runs on its own tables.
+//! - [`queries`]: the hot path's statements (offsets, progress, parks, waiting events, dead
+//!   letters and the inbox, as a batch writes them).
+//! - [`versions`]: the version registry `projector.views` and the [`versions::VersionState`]
+//!   lifecycle; its statements in `versions.sql`.
+//! - [`dead_letters`], [`parked`]: dead letters and parked accounts outside a batch (what
+//!   `projector dlq` and `parked` list, read and skip); [`progress`]: offsets, progress and
+//!   snapshots outside a batch (a rebuild's, a drop's). Each owner's statements are in the
+//!   `.sql` file beside it (docs/architecture.md lists them).
 //! - [`db`]: connection pools that never hand out a connection left inside a transaction.
 //! - [`kafka`]: the Kafka source; the producer and a dev broker are in `projector-devkit`.
 //! - [`processes`]: which process consumes, fails to start or skips which version.
@@ -38,13 +45,16 @@
 pub mod apply;
 pub mod bell;
 pub mod db;
+pub mod dead_letters;
 pub mod event;
 mod field;
 pub mod fingerprint;
 pub mod inbox;
 pub mod kafka;
 pub mod metrics;
+pub mod parked;
 pub mod processes;
+pub mod progress;
 pub mod projection;
 pub mod queries;
 pub mod rng;
@@ -54,6 +64,7 @@ pub mod sql_view;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod upcast;
+pub mod versions;
 pub mod view;
 
 pub use apply::{Applier, ApplyError, Batch, BatchOutcome, Counts, Disposition};

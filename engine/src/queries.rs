@@ -330,11 +330,6 @@ pub const BATCH_ENVELOPE: [(&str, &str); 6] = [
     ("emit", "boolean[]"),
 ];
 
-/// A row when the view version `$1` (its consumer name) is retired: nothing of it runs any
-/// more, so a repair only resolves its dead letters.
-pub const VERSION_IS_RETIRED: &str =
-    "SELECT 1 FROM projector.views WHERE consumer = $1 AND state = 'retired'";
-
 /// Whether this view version is live, for a view that emits notices, held shared until the
 /// batch commits: a cutover locks the row for update, so it waits for every batch in flight
 /// and every later batch sees its outcome. That makes the hand-over of notices exact: the

@@ -4,7 +4,27 @@
 use deadpool_postgres::Client;
 
 use crate::fingerprint::{self, Verdict};
-use crate::projection::{render, Projection, Registry};
+use crate::projection::{render, Projection, Registry, SqlFile};
+use crate::versions;
+
+const SQL: SqlFile = SqlFile::new("engine/src/schema.sql", include_str!("schema.sql"));
+
+fn statement(name: &str) -> &'static str {
+    SQL.section(name)
+}
+
+/// Whether the engine's migrations have run in this database (`projector views check`
+/// prepares SQL views only where the engine's tables exist).
+pub async fn has_schema(client: &Client) -> Result<bool, SchemaError> {
+    client
+        .query_one(statement("has_schema"), &[])
+        .await
+        .and_then(|r| r.try_get(0))
+        .map_err(|source| SchemaError::Database {
+            doing: "looking for the engine's schema",
+            source,
+        })
+}
 
 mod embedded {
     refinery::embed_migrations!("../migrations");
@@ -63,7 +83,7 @@ pub struct MigrateReport {
     /// Engine migrations applied by this run, as `V<n>__<name>`.
     pub applied: Vec<String>,
     /// View versions registered by this run, with the state they were given.
-    pub registered: Vec<(String, String)>,
+    pub registered: Vec<(String, versions::VersionState)>,
     /// Stable read names created by this run.
     pub read_names: Vec<String>,
     /// View versions left alone because another code registered them, each with the
@@ -82,11 +102,7 @@ pub struct MigrateReport {
 /// creates anything, and `run --no-migrate` before it consumes.
 pub async fn check_encoding(client: &Client) -> Result<(), SchemaError> {
     let row = client
-        .query_one(
-            "SELECT current_database()::text, pg_encoding_to_char(encoding)::text \
-             FROM pg_database WHERE datname = current_database()",
-            &[],
-        )
+        .query_one(statement("encoding"), &[])
         .await
         .map_err(|source| SchemaError::Database {
             doing: "reading the database's encoding",
@@ -109,12 +125,12 @@ pub async fn migrate(
     check_encoding(client).await?;
     let db = |doing| move |source| SchemaError::Database { doing, source };
     client
-        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATE_LOCK])
+        .execute(statement("lock"), &[&MIGRATE_LOCK])
         .await
         .map_err(db("taking the migration lock"))?;
     let result = migrate_locked(client, registry).await;
     let unlock = client
-        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATE_LOCK])
+        .execute(statement("unlock"), &[&MIGRATE_LOCK])
         .await
         .map_err(db("releasing the migration lock"));
     let report = result?;
@@ -127,7 +143,7 @@ pub async fn migrate(
 #[cfg(feature = "testkit")]
 pub async fn migrate_engine_to(client: &mut Client, version: u32) -> Result<(), SchemaError> {
     client
-        .batch_execute("SET client_min_messages = warning; CREATE SCHEMA IF NOT EXISTS projector")
+        .batch_execute(statement("create_schema"))
         .await
         .map_err(|source| SchemaError::Database {
             doing: "creating schema projector",
@@ -145,7 +161,7 @@ async fn migrate_locked(
     registry: &Registry,
 ) -> Result<MigrateReport, SchemaError> {
     client
-        .batch_execute("SET client_min_messages = warning; CREATE SCHEMA IF NOT EXISTS projector")
+        .batch_execute(statement("create_schema"))
         .await
         .map_err(|source| SchemaError::Database {
             doing: "creating schema projector",
@@ -194,28 +210,16 @@ async fn install_view(
     out: &mut MigrateReport,
 ) -> Result<(), tokio_postgres::Error> {
     let tx = client.transaction().await?;
-    let existing = tx
-        .query_opt(
-            "SELECT dropped_at IS NOT NULL, fingerprint FROM projector.views \
-             WHERE name = $1 AND version = $2 FOR UPDATE",
-            &[&view.name(), &view.version()],
-        )
-        .await?;
+    let existing = versions::lock_recorded(&tx, view.name(), view.version()).await?;
     let ours = fingerprint::of(view);
-    if let Some(row) = &existing {
-        if row.get::<_, bool>(0) {
+    if let Some((dropped, recorded)) = &existing {
+        if *dropped {
             // Retired and dropped by `projector retire --drop`: never recreated empty.
             return tx.commit().await;
         }
-        let recorded: Option<String> = row.get(1);
         match fingerprint::judge(view, recorded.as_deref()) {
             Ok(Verdict::Adopted) => {
-                tx.execute(
-                    "UPDATE projector.views SET fingerprint = $3 \
-                     WHERE name = $1 AND version = $2 AND fingerprint IS NULL",
-                    &[&view.name(), &view.version(), &ours],
-                )
-                .await?;
+                versions::adopt_fingerprint(&tx, view.name(), view.version(), &ours).await?;
             }
             Ok(_) => {}
             Err(e) => {
@@ -225,35 +229,17 @@ async fn install_view(
         }
     }
     tx.batch_execute(&render(view, &view.ddl())).await?;
-    let registered = tx
-        .query_opt(
-            "INSERT INTO projector.views (name, version, state, fingerprint) \
-             SELECT $1, $2, CASE WHEN EXISTS (SELECT 1 FROM projector.views WHERE name = $1) \
-                                 THEN 'building' ELSE 'live' END, $3 \
-             ON CONFLICT (name, version) DO NOTHING RETURNING state",
-            &[&view.name(), &view.version(), &ours],
-        )
-        .await?;
-    if let Some(row) = registered {
-        out.registered.push((view.consumer(), row.get(0)));
+    if let Some(state) = versions::register(&tx, view.name(), view.version(), &ours).await? {
+        out.registered.push((view.consumer(), state));
     }
-    let live: Option<i32> = tx
-        .query_opt(
-            "SELECT version FROM projector.views WHERE name = $1 AND state = 'live'",
-            &[&view.name()],
-        )
-        .await?
-        .map(|r| r.get(0));
+    let live = versions::live_version(&tx, view.name()).await?;
     let exists = tx
-        .query_opt(
-            "SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = current_schema() AND c.relname = $1",
-            &[&view.name()],
-        )
+        .query_opt(statement("name_taken"), &[&view.name()])
         .await?
         .is_some();
     if live == Some(view.version()) && !exists {
         let body = render(view, &view.read_sql());
+        // Composed per view: its name and read statement.
         tx.batch_execute(&format!("CREATE VIEW {} AS {}", view.name(), body))
             .await?;
         out.read_names.push(view.name().to_owned());

@@ -1128,17 +1128,10 @@ pub async fn check(
     views: &[SqlView],
 ) -> Result<(), SqlViewError> {
     for view in views {
-        let row = client
-            .query_opt(
-                "SELECT fingerprint, dropped_at IS NOT NULL FROM projector.views \
-                 WHERE name = $1 AND version = $2",
-                &[&view.name, &view.version],
-            )
+        let row = crate::versions::recorded_and_dropped(&*client, &view.name, view.version)
             .await
             .map_err(|e| SqlViewError::Database(e.to_string()))?;
-        if let Some(row) = row {
-            let recorded: Option<String> = row.get(0);
-            let dropped: bool = row.get(1);
+        if let Some((recorded, dropped)) = row {
             if let (Some(recorded), false) = (recorded, dropped) {
                 if crate::fingerprint::judge(view, Some(&recorded)).is_err() {
                     let ours = crate::fingerprint::of(view);
@@ -1173,19 +1166,12 @@ pub async fn check(
         else {
             continue;
         };
-        let live = client
-            .query_opt(
-                "SELECT version, fingerprint FROM projector.views \
-                 WHERE name = $1 AND state = 'live' AND dropped_at IS NULL",
-                &[&name],
-            )
+        let live = crate::versions::live_fingerprint(&*client, name)
             .await
             .map_err(|e| SqlViewError::Database(e.to_string()))?;
-        let Some(row) = live else {
+        let Some((version, recorded)) = live else {
             continue;
         };
-        let version: i32 = row.get(0);
-        let recorded: Option<String> = row.get(1);
         if version <= newest.version {
             continue;
         }
@@ -1226,14 +1212,9 @@ async fn next_version(
     views: &[SqlView],
     name: &str,
 ) -> Result<i32, SqlViewError> {
-    let registered: Option<i32> = client
-        .query_one(
-            "SELECT max(version) FROM projector.views WHERE name = $1",
-            &[&name],
-        )
+    let registered = crate::versions::highest(client, name)
         .await
-        .map_err(|e| SqlViewError::Database(e.to_string()))?
-        .get(0);
+        .map_err(|e| SqlViewError::Database(e.to_string()))?;
     let loaded = views
         .iter()
         .filter(|v| v.name == name)

@@ -14,7 +14,9 @@ use std::time::Duration;
 use deadpool_postgres::Client;
 use projector_engine::fingerprint;
 use projector_engine::kafka::running;
+use projector_engine::progress;
 use projector_engine::projection::render;
+use projector_engine::versions::{self, Version, VersionState};
 use projector_engine::{Projection, Registry};
 
 use crate::error::{db, RebuildError};
@@ -52,30 +54,21 @@ pub async fn cutover(
         .transaction()
         .await
         .map_err(db("starting the cutover"))?;
-    let rows = tx
-        .query(
-            "SELECT version, state, dropped_at IS NOT NULL FROM projector.views \
-             WHERE name = $1 ORDER BY version FOR UPDATE",
-            &[&name],
-        )
+    let registered = versions::lock_of_name(&tx, name)
         .await
         .map_err(db("locking the view registry"))?;
-    let versions: Vec<(i32, String, bool)> = rows
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
-    let Some((_, state, dropped)) = versions.iter().find(|(v, _, _)| *v == version) else {
+    let Some(row) = registered.iter().find(|v| v.version == version) else {
         return Err(RebuildError::Refused(format!(
             "{name} has no version {version}; versions: {}",
-            list(&versions)
+            list(&registered)
         )));
     };
-    if *dropped || state == "retired" {
+    if row.dropped || row.state == VersionState::Retired {
         return Err(RebuildError::Refused(format!(
             "{name} v{version} is retired; rebuild it into a new version instead"
         )));
     }
-    if state == "live" {
+    if row.state == VersionState::Live {
         return Err(RebuildError::Refused(format!(
             "{name} v{version} is already live"
         )));
@@ -83,14 +76,9 @@ pub async fn cutover(
     // Under the registry's lock, which a cancel takes too before it marks the rebuild
     // cancelled: a version whose rebuild is cancelled is being dropped, and one still seeding
     // has nothing in its tables yet.
-    let phase: Option<String> = tx
-        .query_opt(
-            "SELECT phase FROM projector.rebuilds WHERE name = $1 AND version = $2",
-            &[&name, &version],
-        )
+    let phase = state::phase(&tx, name, version)
         .await
-        .map_err(db("reading the version's rebuild"))?
-        .map(|r| r.get(0));
+        .map_err(db("reading the version's rebuild"))?;
     match phase.as_deref() {
         Some("cancelled") => {
             return Err(RebuildError::Refused(format!(
@@ -104,38 +92,23 @@ pub async fn cutover(
         }
         _ => {}
     }
-    let old = versions
+    let old = registered
         .iter()
-        .find(|(_, s, _)| s == "live")
-        .map(|(v, _, _)| *v);
+        .find(|v| v.state == VersionState::Live)
+        .map(|v| v.version);
     let new_consumer = code.consumer();
     let mut accounts_ahead = 0;
     if let Some(old) = old {
         let old_consumer = format!("{name}_v{old}");
         if let Some(max) = max_behind {
-            let behind = tx
-                .query(
-                    "SELECT o.topic, o.partition, o.next_offset - coalesce(n.next_offset, 0) \
-                     FROM projector.offsets o LEFT JOIN projector.offsets n \
-                       ON n.consumer = $1 AND n.topic = o.topic AND n.partition = o.partition \
-                     WHERE o.consumer = $2 AND o.next_offset > coalesce(n.next_offset, 0) \
-                     ORDER BY 1, 2",
-                    &[&new_consumer, &old_consumer],
-                )
+            let behind = progress::behind(&tx, &new_consumer, &old_consumer)
                 .await
                 .map_err(db("comparing the versions' offsets"))?;
-            let total: i64 = behind.iter().map(|r| r.get::<_, i64>(2)).sum();
+            let total: i64 = behind.iter().map(|b| b.messages).sum();
             if total > max {
                 let detail = behind
                     .iter()
-                    .map(|r| {
-                        format!(
-                            "{}/{} {}",
-                            r.get::<_, String>(0),
-                            r.get::<_, i32>(1),
-                            r.get::<_, i64>(2)
-                        )
-                    })
+                    .map(|b| format!("{}/{} {}", b.topic, b.partition, b.messages))
                     .collect::<Vec<_>>()
                     .join(", ");
                 return Err(RebuildError::Refused(format!(
@@ -144,55 +117,31 @@ pub async fn cutover(
                 )));
             }
         }
-        accounts_ahead = tx
-            .query_one(
-                "SELECT count(*) FROM projector.account_progress n \
-                 JOIN projector.account_progress o ON o.consumer = $2 AND o.account_id = n.account_id \
-                 WHERE n.consumer = $1 AND n.last_seq > o.last_seq",
-                &[&new_consumer, &old_consumer],
-            )
+        accounts_ahead = progress::accounts_ahead(&tx, &new_consumer, &old_consumer)
             .await
-            .map_err(db("comparing the versions"))?
-            .get(0);
+            .map_err(db("comparing the versions"))?;
         // An old version that still trails the boundary its own cutover gave it has not
         // announced up to it, but the version before it has: the larger of the two goes on.
-        tx.execute(
-            "INSERT INTO projector.account_progress (consumer, account_id, last_seq, emit_after_seq) \
-             SELECT $1, account_id, 0, GREATEST(last_seq, coalesce(emit_after_seq, 0)) \
-             FROM projector.account_progress WHERE consumer = $2 \
-             ON CONFLICT (consumer, account_id) DO UPDATE SET emit_after_seq = EXCLUDED.emit_after_seq",
-            &[&new_consumer, &old_consumer],
-        )
-        .await
-        .map_err(db("handing the notices over"))?;
-        tx.execute(
-            "UPDATE projector.views SET state = 'retired', state_changed_at = now() \
-             WHERE name = $1 AND version = $2",
-            &[&name, &old],
-        )
-        .await
-        .map_err(db("retiring the old version"))?;
+        progress::hand_over_notices(&tx, &new_consumer, &old_consumer)
+            .await
+            .map_err(db("handing the notices over"))?;
+        versions::retire_replaced(&tx, name, old)
+            .await
+            .map_err(db("retiring the old version"))?;
     }
-    tx.execute(
-        "UPDATE projector.views SET state = 'live', state_changed_at = now() \
-         WHERE name = $1 AND version = $2",
-        &[&name, &version],
-    )
-    .await
-    .map_err(db("making the new version live"))?;
+    versions::make_live(&tx, name, version)
+        .await
+        .map_err(db("making the new version live"))?;
+    // Composed per view: its name and read statement.
     tx.batch_execute(&format!(
         "DROP VIEW IF EXISTS {name}; CREATE VIEW {name} AS {}",
         render(&*code, &code.read_sql())
     ))
     .await
     .map_err(db("replacing the stable read name"))?;
-    tx.execute(
-        "UPDATE projector.rebuilds SET phase = 'done', finished_at = now(), updated_at = now() \
-         WHERE consumer = $1 AND phase IN ('seeding', 'tailing')",
-        &[&new_consumer],
-    )
-    .await
-    .map_err(db("closing the rebuild"))?;
+    state::done(&tx, &new_consumer)
+        .await
+        .map_err(db("closing the rebuild"))?;
     tx.commit().await.map_err(db("committing the cutover"))?;
     Ok(CutoverReport {
         name: name.to_owned(),
@@ -202,13 +151,13 @@ pub async fn cutover(
     })
 }
 
-fn list(versions: &[(i32, String, bool)]) -> String {
-    if versions.is_empty() {
+fn list(registered: &[Version]) -> String {
+    if registered.is_empty() {
         return "none".to_owned();
     }
-    versions
+    registered
         .iter()
-        .map(|(v, s, _)| format!("v{v} {s}"))
+        .map(|v| format!("v{} {}", v.version, v.state))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -223,13 +172,13 @@ pub async fn retire(
     version: i32,
     drop: bool,
 ) -> Result<(), RebuildError> {
-    let versions = state::versions(client, name).await?;
-    let Some(row) = versions.iter().find(|v| v.version == version) else {
+    let registered = state::versions(client, name).await?;
+    let Some(row) = registered.iter().find(|v| v.version == version) else {
         return Err(RebuildError::Refused(format!(
             "{name} has no version {version}"
         )));
     };
-    if row.state == "live" {
+    if row.state == VersionState::Live {
         return Err(RebuildError::Refused(format!(
             "{name} v{version} is live; cut over to another version first"
         )));
@@ -252,27 +201,17 @@ pub async fn retire(
     };
     // The state read above is not locked: a cutover may have made the version live since.
     // The condition is in the statement, evaluated on the row as it is once locked.
-    let retired = client
-        .execute(
-            "UPDATE projector.views SET state = 'retired', \
-                 state_changed_at = CASE WHEN state = 'retired' THEN state_changed_at ELSE now() END \
-             WHERE name = $1 AND version = $2 AND state <> 'live'",
-            &[&name, &version],
-        )
+    let retired = versions::retire(&*client, name, version)
         .await
         .map_err(db("retiring the version"))?;
-    if retired == 0 {
+    if !retired {
         return Err(RebuildError::Refused(format!(
             "{name} v{version} is live; cut over to another version first"
         )));
     }
     if let Some(code) = &code {
         drop_version(client, code).await?;
-        client
-            .execute(
-                "UPDATE projector.views SET dropped_at = now() WHERE name = $1 AND version = $2",
-                &[&name, &version],
-            )
+        versions::mark_dropped(&*client, name, version)
             .await
             .map_err(db("recording the drop"))?;
     }
@@ -317,6 +256,7 @@ async fn drop_taken(client: &mut Client, view: &Arc<dyn Projection>) -> Result<(
     let consumer = view.consumer();
     for table in view.tables().iter().rev() {
         client
+            // Composed per table of the view.
             .batch_execute(&format!(
                 "DROP TABLE IF EXISTS {} CASCADE",
                 render(&**view, table)
@@ -327,18 +267,7 @@ async fn drop_taken(client: &mut Client, view: &Arc<dyn Projection>) -> Result<(
     projector_engine::inbox::delete_consumer(client, &consumer)
         .await
         .map_err(db("deleting the version's inbox rows"))?;
-    client
-        .execute(
-            "WITH o AS (DELETE FROM projector.offsets WHERE consumer = $1), \
-                  p AS (DELETE FROM projector.account_progress WHERE consumer = $1), \
-                  w AS (DELETE FROM projector.waiting_events WHERE consumer = $1), \
-                  k AS (DELETE FROM projector.parked_accounts WHERE consumer = $1), \
-                  s AS (DELETE FROM projector.snapshots WHERE consumer = $1), \
-                  l AS (DELETE FROM projector.inbox_late_writes WHERE consumer = $1), \
-                  e AS (DELETE FROM projector.seen_seqs WHERE consumer = $1) \
-             DELETE FROM projector.dead_letters WHERE consumer = $1",
-            &[&consumer],
-        )
+    progress::forget(&*client, &consumer)
         .await
         .map_err(db("deleting the version's bookkeeping"))?;
     Ok(())
@@ -370,23 +299,13 @@ pub async fn cancel(
         .transaction()
         .await
         .map_err(db("cancelling the rebuild"))?;
-    tx.execute(
-        "SELECT 1 FROM projector.views WHERE name = $1 FOR UPDATE",
-        &[&name],
-    )
-    .await
-    .map_err(db("locking the view registry"))?;
-    let marked = tx
-        .execute(
-            "UPDATE projector.rebuilds SET phase = 'cancelled', finished_at = now(), updated_at = now() \
-             WHERE name = $1 AND version = $2 AND phase IN ('seeding', 'tailing', 'cancelled') \
-               AND EXISTS (SELECT 1 FROM projector.views \
-                           WHERE name = $1 AND version = $2 AND state = 'building')",
-            &[&name, &r.version],
-        )
+    versions::lock_name(&tx, name)
+        .await
+        .map_err(db("locking the view registry"))?;
+    let marked = state::cancel(&tx, name, r.version)
         .await
         .map_err(db("cancelling the rebuild"))?;
-    if marked == 0 {
+    if !marked {
         return Err(RebuildError::Refused(format!(
             "the rebuild of {name} into v{} is no longer under way (it was cut over)",
             r.version
@@ -394,11 +313,7 @@ pub async fn cancel(
     }
     tx.commit().await.map_err(db("cancelling the rebuild"))?;
     drop_version(client, &code).await?;
-    client
-        .execute(
-            "DELETE FROM projector.views WHERE name = $1 AND version = $2 AND state = 'building'",
-            &[&name, &r.version],
-        )
+    versions::unregister_building(&*client, name, r.version)
         .await
         .map_err(db("unregistering the cancelled version"))?;
     Ok(r.version)

@@ -44,6 +44,7 @@ use projector_engine::fingerprint;
 use projector_engine::kafka::running::{self, Session};
 use projector_engine::kafka::source::KafkaConfig;
 use projector_engine::projection::render;
+use projector_engine::versions::{self, VersionState};
 use projector_engine::{Projection, Registry};
 use tokio_util::sync::CancellationToken;
 
@@ -259,12 +260,7 @@ pub async fn rebuild(
                     }
                 }
                 // Only from `seeding`: a cancel that came meanwhile stays a cancel.
-                client
-                    .execute(
-                        "UPDATE projector.rebuilds SET phase = 'tailing', updated_at = now() \
-                         WHERE name = $1 AND version = $2 AND phase = 'seeding'",
-                        &[&name, &version],
-                    )
+                state::tailing(&client, name, version)
                     .await
                     .map_err(db_err("starting the tail"))?;
             }
@@ -344,7 +340,7 @@ async fn target(
                 )));
             }
             if let Some(row) = versions.iter().find(|r| r.version == v) {
-                if row.state != "building" || row.dropped {
+                if row.state != VersionState::Building || row.dropped {
                     return Err(RebuildError::Refused(format!(
                         "{name} v{v} is {}; rebuild into a new version (the next free one is v{})",
                         row.state,
@@ -358,7 +354,7 @@ async fn target(
         // the new one) is the one to build; else the next free number.
         None => versions
             .iter()
-            .filter(|r| r.state == "building" && !r.dropped)
+            .filter(|r| r.state == VersionState::Building && !r.dropped)
             .map(|r| r.version)
             .max()
             .unwrap_or_else(|| versions.iter().map(|r| r.version).max().unwrap_or(0) + 1),
@@ -380,23 +376,14 @@ async fn register(
     tx.batch_execute(&render(&**code, &code.ddl()))
         .await
         .map_err(db_err("creating the version's tables"))?;
-    tx.execute(
-        "INSERT INTO projector.views (name, version, state, fingerprint) \
-         VALUES ($1, $2, 'building', $3) ON CONFLICT (name, version) DO NOTHING",
-        &[&code.name(), &code.version(), &fingerprint::of(&**code)],
-    )
-    .await
-    .map_err(db_err("registering the version"))?;
+    versions::register_building(&tx, code.name(), code.version(), &fingerprint::of(&**code))
+        .await
+        .map_err(db_err("registering the version"))?;
     // Registered by another binary a moment ago (the check before was not under this lock):
     // its code must be this one's.
-    let recorded: Option<String> = tx
-        .query_one(
-            "SELECT fingerprint FROM projector.views WHERE name = $1 AND version = $2 FOR UPDATE",
-            &[&code.name(), &code.version()],
-        )
+    let recorded = versions::lock_fingerprint(&tx, code.name(), code.version())
         .await
-        .map_err(db_err("registering the version"))?
-        .get(0);
+        .map_err(db_err("registering the version"))?;
     match recorded {
         Some(recorded) => {
             fingerprint::judge(&**code, Some(&recorded))?;
@@ -409,18 +396,8 @@ async fn register(
             .into())
         }
     }
-    tx.execute(
-        "INSERT INTO projector.rebuilds (consumer, name, version, source, phase, cutover) \
-         VALUES ($1, $2, $3, $4, 'seeding', $5) ON CONFLICT (consumer) DO NOTHING",
-        &[
-            &code.consumer(),
-            &code.name(),
-            &code.version(),
-            &source.as_str(),
-            &cutover.as_str(),
-        ],
-    )
-    .await
-    .map_err(db_err("recording the rebuild"))?;
+    state::start(&tx, &**code, source, cutover)
+        .await
+        .map_err(db_err("recording the rebuild"))?;
     tx.commit().await.map_err(db_err("registering the version"))
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use deadpool_postgres::Client;
 use projector_engine::kafka::source::KafkaConfig;
+use projector_engine::progress;
 use projector_engine::projection::render;
 use projector_engine::Projection;
 use tokio_postgres::types::Type;
@@ -69,7 +70,8 @@ pub async fn from_snapshot(
     tx.batch_execute("SET LOCAL synchronous_commit = on")
         .await
         .map_err(db("starting the snapshot transaction"))?;
-    // The first query fixes the transaction's snapshot; now() is when it began.
+    // The first query fixes the transaction's snapshot; now() is when it began (no table's
+    // statement: the time of this transaction).
     let taken_at: chrono::DateTime<chrono::Utc> = tx
         .query_one("SELECT now()", &[])
         .await
@@ -108,15 +110,9 @@ pub async fn from_snapshot(
         .map_err(|_| RebuildError::SnapshotColumns("a row has a NULL in one of them".to_owned()))?
         .into_iter()
         .unzip();
-    tx.execute(
-        "INSERT INTO projector.account_progress (consumer, account_id, last_seq, watermark_seq) \
-         SELECT $1, a, w, w FROM unnest($2::bigint[], $3::bigint[]) AS x(a, w) \
-         ON CONFLICT (consumer, account_id) DO UPDATE \
-         SET last_seq = EXCLUDED.last_seq, watermark_seq = EXCLUDED.watermark_seq, updated_at = now()",
-        &[&consumer, &accounts, &seqs],
-    )
-    .await
-    .map_err(db("recording the watermarks"))?;
+    progress::seed_watermarks(&tx, &consumer, &accounts, &seqs)
+        .await
+        .map_err(db("recording the watermarks"))?;
 
     let from_ms =
         taken_at.timestamp_millis() - i64::try_from(margin.as_millis()).unwrap_or(i64::MAX);
@@ -138,28 +134,15 @@ pub async fn from_snapshot(
             (*p, (*o).min(end_before))
         })
         .unzip();
-    tx.execute(
-        "INSERT INTO projector.offsets (consumer, topic, partition, next_offset) \
-         SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS x(p, o) \
-         ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset",
-        &[&consumer, &kafka.topic, &partitions, &starts],
-    )
-    .await
-    .map_err(db("positioning the tail"))?;
-    tx.execute(
-        "INSERT INTO projector.snapshots (consumer, taken_at, accounts) VALUES ($1, $2, $3) \
-         ON CONFLICT (consumer) DO UPDATE SET taken_at = EXCLUDED.taken_at, accounts = EXCLUDED.accounts, recorded_at = now()",
-        &[&consumer, &taken_at, &(accounts.len() as i64)],
-    )
-    .await
-    .map_err(db("recording the snapshot"))?;
-    tx.execute(
-        "UPDATE projector.rebuilds SET phase = 'tailing', snapshot_at = $2, updated_at = now() \
-         WHERE consumer = $1",
-        &[&consumer, &taken_at],
-    )
-    .await
-    .map_err(db("recording the snapshot"))?;
+    progress::place_offsets(&tx, &consumer, &kafka.topic, &partitions, &starts)
+        .await
+        .map_err(db("positioning the tail"))?;
+    progress::record_snapshot(&tx, &consumer, taken_at, accounts.len() as i64)
+        .await
+        .map_err(db("recording the snapshot"))?;
+    crate::state::seeded(&tx, &consumer, taken_at)
+        .await
+        .map_err(db("recording the snapshot"))?;
     tx.commit().await.map_err(db("committing the snapshot"))?;
     Ok(Seeded {
         accounts: accounts.len(),

@@ -1,9 +1,18 @@
-//! The registry rows a rebuild reads and writes: `projector.views` (each version's state)
-//! and `projector.rebuilds` (each rebuild's phase and flags).
+//! The registry rows a rebuild reads and writes: `projector.rebuilds` (each rebuild's phase
+//! and flags), whose every statement is in `rebuilds.sql`, and through the engine's owner
+//! ([`projector_engine::versions`]) `projector.views` (each version's state).
 
-use deadpool_postgres::Client;
+use deadpool_postgres::{Client, GenericClient};
+use projector_engine::versions::{self, Version};
+use projector_engine::SqlFile;
 
 use crate::error::{db, RebuildError};
+
+const SQL: SqlFile = SqlFile::new("rebuild/src/rebuilds.sql", include_str!("rebuilds.sql"));
+
+fn statement(name: &str) -> &'static str {
+    SQL.section(name)
+}
 
 /// Where a rebuild seeds from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,17 +60,6 @@ impl Cutover {
     }
 }
 
-/// One version of a view, as registered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VersionRow {
-    /// The version.
-    pub version: i32,
-    /// `building`, `live` or `retired`.
-    pub state: String,
-    /// Whether `retire --drop` dropped its tables.
-    pub dropped: bool,
-}
-
 /// A rebuild, as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RebuildRow {
@@ -78,33 +76,16 @@ pub struct RebuildRow {
 }
 
 /// Every registered version of `name`, in order.
-pub async fn versions(client: &Client, name: &str) -> Result<Vec<VersionRow>, RebuildError> {
-    let rows = client
-        .query(
-            "SELECT version, state, dropped_at IS NOT NULL FROM projector.views \
-             WHERE name = $1 ORDER BY version",
-            &[&name],
-        )
+pub async fn versions(client: &Client, name: &str) -> Result<Vec<Version>, RebuildError> {
+    versions::of_name(client, name)
         .await
-        .map_err(db("reading the view registry"))?;
-    Ok(rows
-        .iter()
-        .map(|r| VersionRow {
-            version: r.get(0),
-            state: r.get(1),
-            dropped: r.get(2),
-        })
-        .collect())
+        .map_err(db("reading the view registry"))
 }
 
 /// The rebuild of `name` that is under way (seeding or tailing), if any.
 pub async fn unfinished(client: &Client, name: &str) -> Result<Option<RebuildRow>, RebuildError> {
     let row = client
-        .query_opt(
-            "SELECT version, source, phase, paused, cutover FROM projector.rebuilds \
-             WHERE name = $1 AND phase IN ('seeding', 'tailing')",
-            &[&name],
-        )
+        .query_opt(statement("unfinished"), &[&name])
         .await
         .map_err(db("reading the rebuilds"))?;
     Ok(row.map(|r| row_of(&r)))
@@ -115,12 +96,7 @@ pub async fn unfinished(client: &Client, name: &str) -> Result<Option<RebuildRow
 /// the registry row, and this row with it).
 pub async fn cancellable(client: &Client, name: &str) -> Result<Option<RebuildRow>, RebuildError> {
     let row = client
-        .query_opt(
-            "SELECT version, source, phase, paused, cutover FROM projector.rebuilds \
-             WHERE name = $1 AND phase IN ('seeding', 'tailing', 'cancelled') \
-             ORDER BY phase = 'cancelled', version DESC LIMIT 1",
-            &[&name],
-        )
+        .query_opt(statement("cancellable"), &[&name])
         .await
         .map_err(db("reading the rebuilds"))?;
     Ok(row.map(|r| row_of(&r)))
@@ -133,11 +109,7 @@ pub async fn of_version(
     version: i32,
 ) -> Result<Option<RebuildRow>, RebuildError> {
     let row = client
-        .query_opt(
-            "SELECT version, source, phase, paused, cutover FROM projector.rebuilds \
-             WHERE name = $1 AND version = $2",
-            &[&name, &version],
-        )
+        .query_opt(statement("of_version"), &[&name, &version])
         .await
         .map_err(db("reading the rebuilds"))?;
     Ok(row.map(|r| row_of(&r)))
@@ -160,13 +132,113 @@ fn row_of(r: &tokio_postgres::Row) -> RebuildRow {
 /// Pauses or resumes the rebuild of `name` under way. Returns its version.
 pub async fn set_paused(client: &Client, name: &str, paused: bool) -> Result<i32, RebuildError> {
     let row = client
-        .query_opt(
-            "UPDATE projector.rebuilds SET paused = $2, updated_at = now() \
-             WHERE name = $1 AND phase IN ('seeding', 'tailing') RETURNING version",
-            &[&name, &paused],
-        )
+        .query_opt(statement("set_paused"), &[&name, &paused])
         .await
         .map_err(db("pausing the rebuild"))?;
     row.map(|r| r.get(0))
         .ok_or_else(|| RebuildError::Refused(format!("no rebuild of {name} is under way")))
+}
+
+/// The phase of the rebuild of `name` into `version`, if there is one.
+pub async fn phase(
+    client: &impl GenericClient,
+    name: &str,
+    version: i32,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    client
+        .query_opt(statement("phase"), &[&name, &version])
+        .await?
+        .map(|r| r.try_get(0))
+        .transpose()
+}
+
+/// Records a rebuild that begins seeding; nothing when it is recorded already.
+pub async fn start(
+    client: &impl GenericClient,
+    code: &dyn projector_engine::Projection,
+    source: Source,
+    cutover: Cutover,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute(
+            statement("start"),
+            &[
+                &code.consumer(),
+                &code.name(),
+                &code.version(),
+                &source.as_str(),
+                &cutover.as_str(),
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Seeding -> tailing after the snapshot taken at `taken_at`.
+pub async fn seeded(
+    client: &impl GenericClient,
+    consumer: &str,
+    taken_at: chrono::DateTime<chrono::Utc>,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute(statement("seeded"), &[&consumer, &taken_at])
+        .await?;
+    Ok(())
+}
+
+/// Seeding -> tailing without a snapshot; a cancelled rebuild stays cancelled.
+pub async fn tailing(
+    client: &impl GenericClient,
+    name: &str,
+    version: i32,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute(statement("tailing"), &[&name, &version])
+        .await?;
+    Ok(())
+}
+
+/// The cutover closes the rebuild of the version of `consumer`.
+pub async fn done(
+    client: &impl GenericClient,
+    consumer: &str,
+) -> Result<(), tokio_postgres::Error> {
+    client.execute(statement("done"), &[&consumer]).await?;
+    Ok(())
+}
+
+/// Marks the rebuild of `name` into `version` cancelled while the version is still
+/// building; returns whether it was.
+pub async fn cancel(
+    client: &impl GenericClient,
+    name: &str,
+    version: i32,
+) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .execute(statement("cancel"), &[&name, &version])
+        .await?
+        > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_is_in_the_file() {
+        for name in [
+            "unfinished",
+            "cancellable",
+            "of_version",
+            "phase",
+            "set_paused",
+            "start",
+            "seeded",
+            "tailing",
+            "done",
+            "cancel",
+        ] {
+            assert!(!statement(name).is_empty(), "{name}");
+        }
+    }
 }

@@ -14,6 +14,8 @@ use deadpool_postgres::Pool;
 use projector_engine::kafka::log::{Extent, LogReader};
 use projector_engine::kafka::running::{self, Session};
 use projector_engine::kafka::source::{run_view, KafkaConfig, Observer, SourceError};
+use projector_engine::progress;
+use projector_engine::versions::VersionState;
 use projector_engine::{Applier, Projection, Registry, SourceOrdering};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -320,7 +322,7 @@ pub(crate) async fn run(
             )
             .await?
             .iter()
-            .any(|v| v.version == version && v.state == "live");
+            .any(|v| v.version == version && v.state == VersionState::Live);
             if live_now {
                 progress.message(&format!("{name} v{version} is live now"));
                 return Ok(Some(Outcome::Stopped { version }));
@@ -481,17 +483,13 @@ async fn place(
         .transaction()
         .await
         .map_err(db("placing the tail's offsets"))?;
+    // A setting of this transaction, no table's: its commit waits for the WAL.
     tx.batch_execute("SET LOCAL synchronous_commit = on")
         .await
         .map_err(db("placing the tail's offsets"))?;
-    tx.execute(
-        "INSERT INTO projector.offsets (consumer, topic, partition, next_offset) \
-         SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS x(p, o) \
-         ON CONFLICT (consumer, topic, partition) DO NOTHING",
-        &[&consumer, &topic, &partitions, &lows],
-    )
-    .await
-    .map_err(db("placing the tail's offsets"))?;
+    progress::place_missing_offsets(&tx, consumer, topic, &partitions, &lows)
+        .await
+        .map_err(db("placing the tail's offsets"))?;
     tx.commit().await.map_err(db("placing the tail's offsets"))
 }
 
@@ -528,29 +526,18 @@ async fn measure(
         .get()
         .await
         .map_err(|e| RebuildError::Connect(e.to_string()))?;
-    let rows = client
-        .query(
-            "SELECT partition, next_offset, applied, \
-                    applied + ignored + duplicates + dead_lettered + waiting - drained, dead_lettered \
-             FROM projector.offsets WHERE consumer = $1",
-            &[&consumer],
-        )
+    let rows = progress::offsets(&client, consumer)
         .await
         .map_err(db("reading the rebuild's offsets"))?;
-    let parked: i64 = client
-        .query_one(
-            "SELECT count(*) FROM projector.parked_accounts WHERE consumer = $1",
-            &[&consumer],
-        )
+    let parked = projector_engine::parked::count(&client, consumer)
         .await
-        .map_err(db("counting parked accounts"))?
-        .get(0);
+        .map_err(db("counting parked accounts"))?;
     let (mut applied, mut consumed, mut dead) = (0i64, 0i64, 0i64);
     let mut partitions = Vec::new();
     let mut overtaken = Vec::new();
     for e in extents {
-        let row = rows.iter().find(|r| r.get::<_, i32>(0) == e.partition);
-        let position = row.map_or(0, |r| r.get(1));
+        let row = rows.iter().find(|r| r.partition == e.partition);
+        let position = row.map_or(0, |r| r.next_offset);
         if position < e.low {
             overtaken.push(Overtaken {
                 partition: e.partition,
@@ -559,13 +546,13 @@ async fn measure(
             });
         }
         if let Some(r) = row {
-            applied += r.get::<_, i64>(2);
-            consumed += r.get::<_, i64>(3);
-            dead += r.get::<_, i64>(4);
+            applied += r.applied;
+            consumed += r.consumed;
+            dead += r.dead_lettered;
         }
         partitions.push(PartitionLag {
             partition: e.partition,
-            next_offset: row.map_or(e.low, |r| r.get(1)),
+            next_offset: row.map_or(e.low, |r| r.next_offset),
             high: e.high,
         });
     }

@@ -52,6 +52,7 @@ pub async fn verify(
     };
     let (sql_a, sql_b) = (read(a).await?, read(b).await?);
     let describe = |sql: String| async move {
+        // Composed per view: its read statement.
         client
             .prepare(&format!("SELECT * FROM ({sql}) t"))
             .await
@@ -111,6 +112,7 @@ pub async fn verify(
     };
     let sel_a = select(&cols_a, &cols_b);
     let sel_b = select(&cols_b, &cols_a);
+    // Composed per pair of versions: their read statements and common columns.
     let query = format!(
         "WITH a AS (SELECT {sel_a} FROM ({sql_a}) t), b AS (SELECT {sel_b} FROM ({sql_b}) t), \
               only_a AS (SELECT * FROM a EXCEPT ALL SELECT * FROM b), \

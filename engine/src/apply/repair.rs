@@ -12,6 +12,7 @@ use deadpool_postgres::{Client, Transaction};
 use crate::apply::plan::Work;
 use crate::apply::types::{ApplyError, Batch, Counts, Disposition};
 use crate::apply::Applier;
+use crate::dead_letters::{self, Skipped};
 use crate::event::Message;
 use crate::kafka::running;
 use crate::queries;
@@ -301,11 +302,9 @@ impl Applier {
             .dead_letter_account(&tx, id)
             .await?
             .ok_or_else(|| refused(format!("no dead letter {id} of this view version")))?;
-        let retired = tx
-            .query_opt(queries::VERSION_IS_RETIRED, &[&self.consumer])
+        let retired = crate::versions::is_retired(&tx, &self.consumer)
             .await
-            .map_err(&err)?
-            .is_some();
+            .map_err(&err)?;
         let tracked = self.ordered && !retired;
         if let (Some(account), true) = (account, tracked) {
             self.lock_account(&tx, account).await?;
@@ -347,13 +346,9 @@ impl Applier {
                     .await?,
             },
             None => {
-                tx.execute(
-                    "UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'skipped', \
-                         resolved_by = $2, resolution_note = $3 WHERE id = $1",
-                    &[&id, &skipped_by, &reason],
-                )
-                .await
-                .map_err(&err)?;
+                dead_letters::skip(&tx, Skipped::One(id), skipped_by, reason)
+                    .await
+                    .map_err(&err)?;
                 DeadLetterSkip::Resolved
             }
         };
@@ -382,14 +377,9 @@ impl Applier {
             ));
         }
         // Read after the lock is held: a drop that finished just before has committed.
-        let dropped = tx
-            .query_opt(
-                "SELECT 1 FROM projector.views WHERE consumer = $1 AND dropped_at IS NOT NULL",
-                &[&self.consumer],
-            )
+        let dropped = crate::versions::is_dropped(tx, &self.consumer)
             .await
-            .map_err(&err)?
-            .is_some();
+            .map_err(&err)?;
         if dropped {
             return Err(refused(
                 "the version was dropped: nothing of it is left to repair",
@@ -491,14 +481,14 @@ impl Applier {
         )
         .await
         .map_err(&err)?;
-        tx.execute(
-            "UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'skipped', \
-                 resolved_by = $4, resolution_note = $5 \
-             WHERE consumer = $1 AND account_id = $2 AND seq = $3 AND resolved_at IS NULL",
-            &[&self.consumer, &account, &seq, &skipped_by, &reason],
-        )
-        .await
-        .map_err(&err)?;
+        let at = Skipped::AtSeq {
+            consumer: &self.consumer,
+            account,
+            seq,
+        };
+        dead_letters::skip(tx, at, skipped_by, reason)
+            .await
+            .map_err(&err)?;
         // One bounded step; `drain_account` takes the rest.
         let (counts, _) = self.drain_step(tx, account).await?;
         Ok(counts)

@@ -20,15 +20,19 @@ use tokio_postgres::{Client, Error};
 /// collision between two consumers only makes one drop wait for the other's runners.
 const CLASS: i32 = 0x7072_6a72;
 
+const SQL: crate::projection::SqlFile =
+    crate::projection::SqlFile::new("engine/src/kafka/running.sql", include_str!("running.sql"));
+
+fn statement(name: &str) -> &'static str {
+    SQL.section(name)
+}
+
 /// Takes `consumer`'s lock shared (this session runs it), unless a drop holds it: `false`.
 pub async fn try_hold(client: &Client, consumer: &str) -> Result<bool, Error> {
     let row = client
-        .query_one(
-            "SELECT pg_try_advisory_lock_shared($1, hashtext($2))",
-            &[&CLASS, &consumer],
-        )
+        .query_one(statement("try_hold"), &[&CLASS, &consumer])
         .await?;
-    Ok(row.get(0))
+    row.try_get(0)
 }
 
 /// Takes `consumer`'s lock shared until the transaction `client` is in ends, unless a drop
@@ -40,21 +44,15 @@ pub async fn try_hold_for_transaction(
     consumer: &str,
 ) -> Result<bool, Error> {
     let row = client
-        .query_one(
-            "SELECT pg_try_advisory_xact_lock_shared($1, hashtext($2))",
-            &[&CLASS, &consumer],
-        )
+        .query_one(statement("try_hold_for_transaction"), &[&CLASS, &consumer])
         .await?;
-    Ok(row.get(0))
+    row.try_get(0)
 }
 
 /// Gives a shared hold back.
 pub async fn let_go(client: &Client, consumer: &str) -> Result<(), Error> {
     client
-        .execute(
-            "SELECT pg_advisory_unlock_shared($1, hashtext($2))",
-            &[&CLASS, &consumer],
-        )
+        .execute(statement("let_go"), &[&CLASS, &consumer])
         .await
         .map(|_| ())
 }
@@ -63,21 +61,15 @@ pub async fn let_go(client: &Client, consumer: &str) -> Result<(), Error> {
 /// [`give_back`]), unless a process runs it: `false`.
 pub async fn try_take(client: &Client, consumer: &str) -> Result<bool, Error> {
     let row = client
-        .query_one(
-            "SELECT pg_try_advisory_lock($1, hashtext($2))",
-            &[&CLASS, &consumer],
-        )
+        .query_one(statement("try_take"), &[&CLASS, &consumer])
         .await?;
-    Ok(row.get(0))
+    row.try_get(0)
 }
 
 /// Gives an exclusive lock back.
 pub async fn give_back(client: &Client, consumer: &str) -> Result<(), Error> {
     client
-        .execute(
-            "SELECT pg_advisory_unlock($1, hashtext($2))",
-            &[&CLASS, &consumer],
-        )
+        .execute(statement("give_back"), &[&CLASS, &consumer])
         .await
         .map(|_| ())
 }
@@ -117,7 +109,7 @@ impl Session {
             && matches!(
                 tokio::time::timeout(
                     std::time::Duration::from_secs(5),
-                    self.client.batch_execute("SELECT 1")
+                    self.client.batch_execute(statement("ping"))
                 )
                 .await,
                 Ok(Ok(()))

@@ -601,13 +601,7 @@ impl Holds {
 
 async fn live_versions(pool: &Pool) -> Result<Vec<(String, i32)>, String> {
     let client = pool.get().await.map_err(|e| e.to_string())?;
-    let rows = client
-        .query(
-            "SELECT name, version FROM projector.views \
-             WHERE state = 'live' AND dropped_at IS NULL ORDER BY name",
-            &[],
-        )
+    crate::versions::live_everywhere(&client)
         .await
-        .map_err(|e| e.to_string())?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        .map_err(|e| e.to_string())
 }

@@ -21,6 +21,37 @@ pub fn admin_url() -> String {
     })
 }
 
+/// Drops the test databases ([`TestDb`]) this process made on the server of `url`, a
+/// failing test's kept ones included: for a command that runs a suite and keeps nothing
+/// (`projector views check`). Best effort: a database that cannot be dropped is left.
+pub async fn drop_databases_of_this_process(url: &str) {
+    let Ok(pool) = crate::db::pool(url, 1) else {
+        return;
+    };
+    let Ok(client) = pool.get().await else {
+        return;
+    };
+    let prefix = format!("projector_test_{}_%", std::process::id());
+    let Ok(rows) = client
+        .query(
+            "SELECT datname FROM pg_database WHERE datname LIKE $1",
+            &[&prefix],
+        )
+        .await
+    else {
+        return;
+    };
+    for row in rows {
+        let Ok(name) = row.try_get::<_, String>(0) else {
+            continue;
+        };
+        // Composed per database: its name.
+        let _ = client
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await;
+    }
+}
+
 /// A fresh database with the engine schema and the given views installed. Dropped when the
 /// test passes; kept (and named on stderr) when it fails, for debugging.
 #[derive(Debug)]

@@ -87,3 +87,10 @@ RETURNING 1
 SELECT account_id, trading_day, fills, busts, bought_qty, sold_qty,
        bought_notional, sold_notional, fees, cash_in, cash_out
 FROM eod_v{v}
+
+-- name: reconcile
+-- `projector reconcile`'s side of the view: its rows on the time grain of a day, `at` the
+-- day's midnight UTC; `{table}` is the stable read name or a version's table.
+SELECT (trading_day::timestamp AT TIME ZONE 'UTC') AS at, fills, busts,
+       bought_qty, sold_qty, bought_notional, sold_notional, fees, cash_in, cash_out
+FROM {table}

@@ -30,6 +30,13 @@ impl Eod {
     pub fn new(version: i32) -> Self {
         Self { version }
     }
+
+    /// `projector reconcile`'s statement for this view: its rows per account and UTC
+    /// trading day, `at` the day's midnight UTC, read from `table` (the stable read name or
+    /// a version's table).
+    pub fn reconcile_sql(table: &str) -> String {
+        SQL.section("reconcile").replace("{table}", table)
+    }
 }
 
 impl Projection for Eod {

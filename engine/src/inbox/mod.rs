@@ -121,23 +121,18 @@ pub struct Partition {
     pub bytes: i64,
 }
 
-/// Every table of ours named like a day partition, attached or not, by day.
-const LIST_PARTITIONS: &str = "SELECT c.relname::text, \
-            CASE WHEN i.inhrelid IS NULL THEN 'detached' \
-                 WHEN i.inhdetachpending THEN 'pending' ELSE 'attached' END, \
-            greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid) \
-     FROM pg_catalog.pg_class c \
-     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'projector' \
-     LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid \
-          AND i.inhparent = 'projector.inbox'::regclass \
-     WHERE c.relkind = 'r' AND c.relname ~ '^inbox_p[0-9]{8}$' \
-     ORDER BY c.relname";
+const SQL: crate::projection::SqlFile =
+    crate::projection::SqlFile::new("engine/src/inbox/inbox.sql", include_str!("inbox.sql"));
+
+fn statement(name: &str) -> &'static str {
+    SQL.section(name)
+}
 
 /// The day partitions of `projector.inbox`, oldest first.
 pub async fn partitions(
     client: &impl GenericClient,
 ) -> Result<Vec<Partition>, tokio_postgres::Error> {
-    let rows = client.query(LIST_PARTITIONS, &[]).await?;
+    let rows = client.query(statement("partitions"), &[]).await?;
     let mut out = Vec::with_capacity(rows.len());
     for r in &rows {
         let Some(day) = parse_partition_name(r.try_get(0)?) else {
@@ -188,16 +183,11 @@ async fn create_in(
     let name = partition_name(day);
     let (start, end) = bounds(day);
     let state = client
-        .query_opt(
-            "SELECT i.inhdetachpending FROM pg_catalog.pg_class c \
-             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'projector' \
-             LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid \
-             WHERE c.relname = $1 AND c.relkind = 'r'",
-            &[&name],
-        )
+        .query_opt(statement("partition_state"), &[&name])
         .await?;
     if let Some(row) = state {
-        if row.get::<_, Option<bool>>(0) == Some(true) {
+        if row.try_get::<_, Option<bool>>(0)? == Some(true) {
+            // Composed per day: the day's table.
             client
                 .batch_execute(&format!(
                     "ALTER TABLE projector.inbox DETACH PARTITION projector.{name} FINALIZE"
@@ -205,13 +195,15 @@ async fn create_in(
                 .await?;
         }
     } else {
+        // Composed per day: the day's table.
         client
             .batch_execute(&format!(
                 "CREATE TABLE projector.{name} (LIKE projector.inbox INCLUDING DEFAULTS)"
             ))
             .await?;
     }
-    // Bounds as text literals in UTC: the statement is DDL and takes no parameters.
+    // Composed per day: bounds as text literals in UTC, the statement is DDL and takes no
+    // parameters.
     client
         .batch_execute(&format!(
             "ALTER TABLE projector.inbox ATTACH PARTITION projector.{name} \
@@ -237,6 +229,7 @@ pub async fn finalize_detach(
     client: &impl GenericClient,
     day: NaiveDate,
 ) -> Result<(), tokio_postgres::Error> {
+    // Composed per day: the day's table.
     client
         .batch_execute(&format!(
             "ALTER TABLE projector.inbox DETACH PARTITION projector.{} FINALIZE",
@@ -352,9 +345,8 @@ impl Days {
         let mut made = Vec::new();
         for &day in days {
             let tx = client.transaction().await?;
-            tx.batch_execute("SET LOCAL lock_timeout = '5s'").await?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&DDL_LOCK])
-                .await?;
+            tx.batch_execute(statement("short_lock_timeout")).await?;
+            tx.execute(statement("ddl_lock"), &[&DDL_LOCK]).await?;
             if !attached_days(&tx).await?.contains(&day) {
                 create_in(&tx, day).await?;
                 made.push(day);
@@ -380,10 +372,11 @@ impl Days {
 async fn retained_from(
     client: &impl GenericClient,
 ) -> Result<Option<NaiveDate>, tokio_postgres::Error> {
-    Ok(client
-        .query_opt("SELECT retained_from FROM projector.inbox_retention", &[])
+    client
+        .query_opt(statement("retained_from"), &[])
         .await?
-        .map(|r| r.get(0)))
+        .map(|r| r.try_get(0))
+        .transpose()
 }
 
 /// Moves the first day of the retained window past `dropped` (a day a prune dropped), never
@@ -394,12 +387,7 @@ pub async fn retain_from_after(
 ) -> Result<(), tokio_postgres::Error> {
     let next = dropped.succ_opt().unwrap_or(dropped);
     client
-        .execute(
-            "INSERT INTO projector.inbox_retention (retained_from) VALUES ($1) \
-             ON CONFLICT (one) DO UPDATE \
-             SET retained_from = greatest(projector.inbox_retention.retained_from, EXCLUDED.retained_from)",
-            &[&next],
-        )
+        .execute(statement("retain_from_after"), &[&next])
         .await
         .map(drop)
 }
@@ -452,11 +440,7 @@ pub async fn ensure_ahead(
     // The window starts at the first day ever made ahead; never moved here after that.
     if let Some(first) = today.pred_opt() {
         client
-            .execute(
-                "INSERT INTO projector.inbox_retention (retained_from) VALUES ($1) \
-                 ON CONFLICT (one) DO NOTHING",
-                &[&first],
-            )
+            .execute(statement("retain_from_first"), &[&first])
             .await?;
     }
     let mut made = 0;
@@ -465,9 +449,8 @@ pub async fn ensure_ahead(
             continue;
         };
         let tx = client.transaction().await?;
-        tx.batch_execute("SET LOCAL lock_timeout = '5s'").await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&DDL_LOCK])
-            .await?;
+        tx.batch_execute(statement("short_lock_timeout")).await?;
+        tx.execute(statement("ddl_lock"), &[&DDL_LOCK]).await?;
         if !attached_days(&tx).await?.contains(&day) {
             create_in(&tx, day).await?;
             made += 1;
@@ -494,9 +477,7 @@ pub async fn mark_late_in(
     }
     client
         .execute(
-            "INSERT INTO projector.inbox_late_writes (day, consumer, topic, partition, written_at) \
-             SELECT d, $2, $3, $4, now() FROM unnest($1::date[]) AS d \
-             ON CONFLICT (day, consumer, topic, partition) DO UPDATE SET written_at = now()",
+            statement("mark_late"),
             &[&days, &consumer, &topic, &partition],
         )
         .await
@@ -520,26 +501,23 @@ pub async fn delete_consumer(
     tables.push("inbox_legacy".to_owned());
     let mut deleted = 0;
     for table in tables {
-        let statement = format!(
+        // Composed per table: each day's, then the inbox before V0009.
+        let delete = format!(
             "DELETE FROM projector.{table} WHERE ctid = ANY(ARRAY( \
                  SELECT ctid FROM projector.{table} WHERE consumer = $1 LIMIT 10000))"
         );
         loop {
             let tx = client.transaction().await?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&DDL_LOCK])
-                .await?;
+            tx.execute(statement("ddl_lock"), &[&DDL_LOCK]).await?;
             // A prune may have dropped the day since the list was read.
             let exists: bool = tx
-                .query_one(
-                    "SELECT to_regclass('projector.' || $1) IS NOT NULL",
-                    &[&table],
-                )
+                .query_one(statement("table_exists"), &[&table])
                 .await?
-                .get(0);
+                .try_get(0)?;
             if !exists {
                 break;
             }
-            let n = tx.execute(&statement, &[&consumer]).await?;
+            let n = tx.execute(&delete, &[&consumer]).await?;
             tx.commit().await?;
             deleted += n;
             if n == 0 {
@@ -574,18 +552,33 @@ pub async fn has_legacy_rows(
     client: &impl GenericClient,
     consumer: &str,
 ) -> Result<bool, tokio_postgres::Error> {
-    Ok(client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM projector.inbox_legacy WHERE consumer = $1)",
-            &[&consumer],
-        )
+    client
+        .query_one(statement("has_legacy_rows"), &[&consumer])
         .await?
-        .get(0))
+        .try_get(0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_statement_is_in_the_file() {
+        for name in [
+            "partitions",
+            "partition_state",
+            "short_lock_timeout",
+            "ddl_lock",
+            "table_exists",
+            "retained_from",
+            "retain_from_first",
+            "retain_from_after",
+            "mark_late",
+            "has_legacy_rows",
+        ] {
+            assert!(!statement(name).is_empty(), "{name}");
+        }
+    }
 
     #[test]
     fn a_partition_name_is_its_day_and_reads_back() {
