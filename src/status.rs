@@ -11,10 +11,10 @@ use std::time::Duration;
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use projector_engine::kafka::log::{LogReader, Reading};
+use projector_engine::versions::VersionState;
 use projector_ops::health::human_seconds;
 use projector_ops::status::{nonzero, Status, VersionStatus};
 use projector_ops::{collect, HealthRule, Severity, StatusOptions};
-use projector_engine::versions::VersionState;
 
 use crate::config::{kafka_config, parse_duration, parse_property, stall_after, File};
 
