@@ -5,8 +5,8 @@
 //! out, reads a decimal's digits without a `String`) and 5b0acc2 (whether an event goes to
 //! the view's statement is decided once, at decode: `Decoded::Event { sent, .. }`).
 //!
-//! The decode is compared with the old one, message for message, by the unit tests in
-//! `engine/src/event.rs` (`old_decode_oracle`). Here, the apply path:
+//! The decode is held to the old one's verdicts, message for message, by the frozen corpus in
+//! `engine/src/event/corpus.rs`. Here, the apply path:
 //!
 //! - `sent` must be what the view's subscriptions say for the events that waited from an
 //!   earlier batch (decoded again in `Applier::plan`), not only for the batch's own: a
