@@ -5,6 +5,7 @@
 
 mod bench_smoke;
 mod cli;
+mod dead_letter_skip_statement;
 mod demo;
 mod engine_arbitrary;
 mod engine_conflicts;
