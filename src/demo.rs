@@ -313,7 +313,7 @@ impl Report {
         }
         if self.kept {
             line(format!(
-                "the views stay in database {} for you to query (`psql -d {}`: SELECT * FROM portfolio, risk, eod)",
+                "the views stay in database {} for you to query (`psql -d {}`): portfolio, risk and eod",
                 self.database, self.database
             ));
         }
