@@ -1156,4 +1156,17 @@ mod tests {
             assert!(!statement(name).is_empty(), "{name}");
         }
     }
+
+    #[test]
+    fn json_shows_a_versions_state_by_its_stored_name() {
+        for (state, json) in [
+            (VersionState::Building, "\"building\""),
+            (VersionState::Live, "\"live\""),
+            (VersionState::Retired, "\"retired\""),
+        ] {
+            let mut out = serde_json::Serializer::new(Vec::new());
+            state_name(&state, &mut out).expect("serialized");
+            assert_eq!(out.into_inner(), json.as_bytes());
+        }
+    }
 }
