@@ -30,6 +30,7 @@ use projector_devkit::reconcile::ViewReconciliation;
 use projector_devkit::writeside::ledger::decimal;
 use projector_devkit::writeside::quotes::{FeedConfig, QuotesReport};
 use projector_devkit::writeside::{LoadConfig, Order, Report as WriteReport, Side, WriteSide};
+use projector_engine::versions::VersionState;
 use projector_engine::{Applied, Registry};
 use projector_rebuild::{Outcome, Progress, Status};
 use tokio::time::Instant;
@@ -256,7 +257,7 @@ impl Report {
                 v.dup_watermark,
                 v.dup_version_filter,
                 v.dead_lettered,
-                if v.state == "retired" {
+                if v.state == VersionState::Retired {
                     "-".to_owned()
                 } else {
                     v.lag.to_string()
@@ -411,11 +412,11 @@ async fn read_own_writes(
 }
 
 /// One view version's counters, summed over partitions, and its lag.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct ViewStats {
     name: String,
     version: i32,
-    state: String,
+    state: VersionState,
     applied: i64,
     ignored: i64,
     duplicates: i64,
@@ -450,7 +451,17 @@ async fn view_stats(
                 name: r.name,
                 version: r.version,
                 state: r.state,
-                ..ViewStats::default()
+                applied: 0,
+                ignored: 0,
+                duplicates: 0,
+                dup_inbox: 0,
+                dup_seq: 0,
+                dup_watermark: 0,
+                dup_version_filter: 0,
+                dead_lettered: 0,
+                next: BTreeMap::new(),
+                owners: BTreeMap::new(),
+                lag: 0,
             });
         }
         let Some(s) = out.last_mut() else { continue };

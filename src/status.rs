@@ -189,7 +189,7 @@ pub fn render(status: &Status, all_partitions: bool) -> String {
     let details: Vec<String> = status
         .views
         .iter()
-        .filter(|v| v.state != VersionState::Retired.as_str())
+        .filter(|v| v.state != VersionState::Retired)
         .flat_map(|v| {
             let mut lines = Vec::new();
             let d = &v.counters.duplicates;
@@ -287,7 +287,7 @@ fn version_line(v: &VersionStatus, width: usize) -> String {
     let state = match &v.rebuild {
         Some(r) if r.paused => "paused".to_owned(),
         _ if v.dropped => "dropped".to_owned(),
-        _ => v.state.clone(),
+        _ => v.state.as_str().to_owned(),
     };
     let (lag, age) = match v.lag {
         Some(l) => (

@@ -51,6 +51,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Client;
+use projector_engine::SqlFile;
 
 use super::error::{pg, OpsError};
 use crate::kafka::log::{Extent, LogReader, Reading};
@@ -316,35 +317,19 @@ pub fn positions(
     out
 }
 
-/// Every consumer with inbox rows, in the inbox or in the inbox before V0009: each key leads
-/// with the consumer and is walked one consumer at a time (one index probe each, however many
-/// rows a consumer has), with its rebuild's pause and its committed partitions.
-const FACTS: &str = "WITH RECURSIVE inboxed(consumer) AS ( \
-         (SELECT consumer FROM projector.inbox ORDER BY consumer LIMIT 1) \
-         UNION ALL \
-         SELECT (SELECT i.consumer FROM projector.inbox i WHERE i.consumer > c.consumer \
-                 ORDER BY i.consumer LIMIT 1) \
-         FROM inboxed c WHERE c.consumer IS NOT NULL), \
-     legacy(consumer) AS ( \
-         (SELECT consumer FROM projector.inbox_legacy ORDER BY consumer LIMIT 1) \
-         UNION ALL \
-         SELECT (SELECT i.consumer FROM projector.inbox_legacy i WHERE i.consumer > c.consumer \
-                 ORDER BY i.consumer LIMIT 1) \
-         FROM legacy c WHERE c.consumer IS NOT NULL), \
-     every(consumer) AS ( \
-         SELECT consumer::text FROM inboxed WHERE consumer IS NOT NULL \
-         UNION SELECT consumer::text FROM legacy WHERE consumer IS NOT NULL) \
-     SELECT c.consumer, \
-            EXISTS (SELECT 1 FROM projector.rebuilds r WHERE r.consumer = c.consumer \
-                    AND r.paused AND r.phase IN ('seeding', 'tailing')), \
-            o.topic, o.partition, o.next_offset, o.updated_at \
-     FROM every c LEFT JOIN projector.offsets o ON o.consumer = c.consumer \
-     ORDER BY 1, 3, 4";
+/// The statements of the clocks (`clock.sql`).
+const SQL: SqlFile = SqlFile::new("ops/src/clock.sql", include_str!("clock.sql"));
 
-/// Reads the [`Facts`] of every consumer that has inbox rows.
+fn statement(name: &str) -> &'static str {
+    SQL.section(name)
+}
+
+/// Reads the [`Facts`] of every consumer that has inbox rows (each walked one consumer at a
+/// time through the key that leads with it: one index probe each), with its rebuild's pause
+/// and its committed partitions.
 pub async fn facts(client: &Client) -> Result<Vec<Facts>, OpsError> {
     let rows = client
-        .query(FACTS, &[])
+        .query(statement("facts"), &[])
         .await
         .map_err(pg("reading the consumers' commits"))?;
     let mut out: Vec<Facts> = Vec::new();
@@ -374,11 +359,7 @@ pub async fn facts(client: &Client) -> Result<Vec<Facts>, OpsError> {
 /// a pause that comes while a prune runs keeps the rest of that consumer's days.
 pub async fn paused(client: &Client) -> Result<BTreeSet<String>, OpsError> {
     Ok(client
-        .query(
-            "SELECT consumer FROM projector.rebuilds \
-             WHERE paused AND phase IN ('seeding', 'tailing')",
-            &[],
-        )
+        .query(statement("paused"), &[])
         .await
         .map_err(pg("reading the paused rebuilds"))?
         .iter()
@@ -468,6 +449,13 @@ const LOG_TIMEOUT: Duration = Duration::from_secs(5);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_statement_is_in_the_file() {
+        for name in ["facts", "paused"] {
+            assert!(!statement(name).is_empty(), "{name}");
+        }
+    }
 
     fn t(minutes: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000 + minutes * 60, 0).expect("a time")

@@ -3,6 +3,7 @@
 //! (`projector_engine::metrics`); [`crate::describe_metrics`] describes both.
 
 use metrics::gauge;
+use projector_engine::versions::VersionState;
 
 use crate::status::Status;
 
@@ -27,11 +28,11 @@ pub(crate) fn publish_status(status: &Status) {
     gauge!("projector_up", "system" => "postgres").set(flag(status.postgres.reachable));
     gauge!("projector_up", "system" => "kafka").set(flag(status.kafka.reachable));
     for v in &status.views {
-        if v.state == "retired" || v.dropped {
+        if v.state == VersionState::Retired || v.dropped {
             continue;
         }
         let c = v.consumer.clone();
-        gauge!("projector_view_healthy", "consumer" => c.clone(), "state" => v.state.clone())
+        gauge!("projector_view_healthy", "consumer" => c.clone(), "state" => v.state.as_str())
             .set(flag(v.healthy));
         for p in &v.partitions {
             let partition = p.partition.to_string();

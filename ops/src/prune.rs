@@ -28,11 +28,19 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, Utc};
 use deadpool_postgres::{Client, GenericClient};
+use projector_engine::SqlFile;
 
 use super::clock::{self, Clock, ConsumerClock};
 use super::error::{pg, OpsError};
 use super::topic::Retention;
 use crate::inbox::{self, Attachment, Partition};
+
+/// The statements of this module (`prune.sql`).
+const SQL: SqlFile = SqlFile::new("ops/src/prune.sql", include_str!("prune.sql"));
+
+fn statement(name: &str) -> &'static str {
+    SQL.section(name)
+}
 
 /// How retention runs.
 #[derive(Debug, Clone)]
@@ -189,7 +197,7 @@ pub fn humanize(d: Duration) -> String {
 
 /// The consumers with rows in one table of the inbox (a day, or the inbox before V0009):
 /// its key leads with the consumer, walked one consumer at a time (an index probe each,
-/// however many rows a consumer has).
+/// however many rows a consumer has). Inline: it names the table.
 fn consumers_in(table: &str) -> String {
     format!(
         "WITH RECURSIVE c(consumer) AS ( \
@@ -243,10 +251,7 @@ fn must_keep(
 /// or its latest late write (plus [`LATE_MARGIN`]) if later.
 async fn need_of(client: &impl GenericClient, day: NaiveDate) -> Result<DateTime<Utc>, OpsError> {
     let late: Option<DateTime<Utc>> = client
-        .query_one(
-            "SELECT max(written_at) FROM projector.inbox_late_writes WHERE day = $1",
-            &[&day],
-        )
+        .query_one(statement("latest_late_write"), &[&day])
         .await
         .map_err(pg("reading the inbox's late writes"))?
         .get(0);
@@ -288,11 +293,11 @@ pub async fn prune_inbox(
     // a report or a dump: as long as it runs); interrupted by a statement timeout it would
     // leave the day detach-pending. Retention is an operator's command: it waits.
     client
-        .batch_execute("SET statement_timeout = 0")
+        .batch_execute(statement("no_statement_timeout"))
         .await
         .map_err(pg("lifting the statement timeout for the prune"))?;
     let now: DateTime<Utc> = client
-        .query_one("SELECT now()", &[])
+        .query_one(statement("now"), &[])
         .await
         .map_err(pg("reading the server's clock"))?
         .get(0);
@@ -364,7 +369,7 @@ async fn prune_day(
                 .transaction()
                 .await
                 .map_err(pg("reattaching a day"))?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&inbox::DDL_LOCK])
+            tx.execute(statement("ddl_lock"), &[&inbox::DDL_LOCK])
                 .await
                 .map_err(pg("taking the inbox's DDL lock"))?;
             inbox::attach_again(&tx, day)
@@ -379,7 +384,8 @@ async fn prune_day(
     let started = std::time::Instant::now();
     match partition.attachment {
         Attachment::Attached => {
-            // Outside any transaction, by PostgreSQL's rule for CONCURRENTLY.
+            // Outside any transaction, by PostgreSQL's rule for CONCURRENTLY. Inline: it
+            // names the day's table.
             let detached = client
                 .batch_execute(&format!(
                     "ALTER TABLE projector.inbox DETACH PARTITION projector.{name} CONCURRENTLY"
@@ -426,7 +432,7 @@ async fn prune_day(
     // Detached: no insert lands in it any more. Its rows are final; judge them again, under
     // the DDL lock, so that no batch attaches the day again in between.
     let tx = client.transaction().await.map_err(pg("dropping a day"))?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&inbox::DDL_LOCK])
+    tx.execute(statement("ddl_lock"), &[&inbox::DDL_LOCK])
         .await
         .map_err(pg("taking the inbox's DDL lock"))?;
     let attached = inbox::partitions(&tx)
@@ -472,15 +478,13 @@ async fn prune_day(
             "{reason} (written while it was detached; attached again)"
         )));
     }
+    // Inline: it names the day's table.
     tx.batch_execute(&format!("DROP TABLE projector.{name}"))
         .await
         .map_err(pg("dropping a day of the inbox"))?;
-    tx.execute(
-        "DELETE FROM projector.inbox_late_writes WHERE day = $1",
-        &[&day],
-    )
-    .await
-    .map_err(pg("forgetting a dropped day's late writes"))?;
+    tx.execute(statement("forget_late_writes"), &[&day])
+        .await
+        .map_err(pg("forgetting a dropped day's late writes"))?;
     inbox::retain_from_after(&tx, day)
         .await
         .map_err(pg("moving the retained window past a dropped day"))?;
@@ -502,7 +506,7 @@ async fn prune_legacy(
     window: chrono::Duration,
 ) -> Result<LegacyOutcome, OpsError> {
     let newest: Option<DateTime<Utc>> = client
-        .query_one("SELECT max(applied_at) FROM projector.inbox_legacy", &[])
+        .query_one(statement("legacy_newest"), &[])
         .await
         .map_err(pg("reading the inbox before V0009"))?
         .get(0);
@@ -522,10 +526,7 @@ async fn prune_legacy(
         return Ok(LegacyOutcome::Kept(reason));
     }
     let rows: i64 = client
-        .query_one(
-            "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'projector.inbox_legacy'::regclass",
-            &[],
-        )
+        .query_one(statement("legacy_rows"), &[])
         .await
         .map_err(pg("reading the inbox before V0009"))?
         .get(0);
@@ -538,10 +539,10 @@ async fn prune_legacy(
             .transaction()
             .await
             .map_err(pg("emptying the inbox before V0009"))?;
-        tx.batch_execute("SET LOCAL lock_timeout = '200ms'")
+        tx.batch_execute(statement("short_lock_timeout"))
             .await
             .map_err(pg("emptying the inbox before V0009"))?;
-        match tx.batch_execute("TRUNCATE projector.inbox_legacy").await {
+        match tx.batch_execute(statement("empty_legacy")).await {
             Ok(()) => {
                 tx.commit()
                     .await
@@ -564,6 +565,23 @@ async fn prune_legacy(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_statement_is_in_the_file() {
+        for name in [
+            "no_statement_timeout",
+            "now",
+            "ddl_lock",
+            "latest_late_write",
+            "forget_late_writes",
+            "legacy_newest",
+            "legacy_rows",
+            "short_lock_timeout",
+            "empty_legacy",
+        ] {
+            assert!(!statement(name).is_empty(), "{name}");
+        }
+    }
 
     const DAY: Duration = Duration::from_secs(86_400);
 

@@ -14,9 +14,17 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use deadpool_postgres::Client;
+use projector_engine::SqlFile;
 use tokio_postgres::types::Type;
 
 use super::error::{pg, OpsError};
+
+/// The statements of this module (`reconcile.sql`).
+const SQL: SqlFile = SqlFile::new("ops/src/reconcile.sql", include_str!("reconcile.sql"));
+
+fn statement(name: &str) -> &'static str {
+    SQL.section(name)
+}
 
 /// What to compare.
 #[derive(Debug, Clone)]
@@ -187,6 +195,7 @@ async fn sums(
         .iter()
         .map(|m| format!("coalesce(sum(s.{}), 0)::text", quote_ident(m)))
         .collect();
+    // Inline: it wraps the operator's query and names its measures.
     let query = format!(
         "SELECT date_bin($1::bigint * interval '1 millisecond', s.at::timestamptz, $2::timestamptz), {} \
          FROM ({sql}) s WHERE s.at::timestamptz >= $2 AND s.at::timestamptz < $3 \
@@ -202,7 +211,7 @@ async fn sums(
         .start()
         .await
         .map_err(pg("starting a read-only transaction"))?;
-    tx.batch_execute("SET LOCAL TIME ZONE 'UTC'")
+    tx.batch_execute(statement("utc"))
         .await
         .map_err(pg("setting the time zone"))?;
     let rows = tx
@@ -277,14 +286,7 @@ pub async fn reconcile(
     // The comparison itself is numeric arithmetic in PostgreSQL: exact at any scale.
     let rows = view
         .query(
-            "WITH s(w, m, v) AS (SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::text[]::numeric[])), \
-                  d(w, m, v) AS (SELECT * FROM unnest($4::timestamptz[], $5::text[], $6::text[]::numeric[])), \
-                  j AS (SELECT coalesce(s.w, d.w) AS w, coalesce(s.m, d.m) AS m, \
-                               coalesce(s.v, 0) AS sv, coalesce(d.v, 0) AS dv \
-                        FROM s FULL JOIN d ON s.w = d.w AND s.m = d.m) \
-             SELECT w, m, sv::text, dv::text, \
-                    CASE WHEN sv = 0 THEN NULL ELSE round(abs(dv - sv) / abs(sv), 6)::text END \
-             FROM j WHERE abs(dv - sv) > $7::text::numeric * abs(sv) ORDER BY w, m",
+            statement("compare"),
             &[&sw, &sm, &sv, &vw, &vm, &vv, &spec.threshold],
         )
         .await
@@ -320,6 +322,13 @@ pub async fn reconcile(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_statement_is_in_the_file() {
+        for name in ["utc", "compare"] {
+            assert!(!statement(name).is_empty(), "{name}");
+        }
+    }
 
     #[test]
     fn windows_align_to_their_length() {

@@ -16,11 +16,20 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use serde::Serialize;
+use projector_engine::versions::VersionState;
+use projector_engine::SqlFile;
+use serde::{Serialize, Serializer};
 
 use super::error::{pg, OpsError};
 use super::health::{healthy, HealthRule, Problem, ProblemKind, Severity};
 use crate::kafka::log::{Extent, LogReader};
+
+/// The statements of the snapshot (`status.sql`).
+const SQL: SqlFile = SqlFile::new("ops/src/status.sql", include_str!("status.sql"));
+
+fn statement(name: &str) -> &'static str {
+    SQL.section(name)
+}
 
 /// The version of the JSON layout.
 pub const SCHEMA: u32 = 1;
@@ -189,8 +198,9 @@ pub struct VersionStatus {
     pub version: i32,
     /// `<name>_v<version>`.
     pub consumer: String,
-    /// `building`, `live` or `retired`.
-    pub state: String,
+    /// `building`, `live` or `retired` in JSON (the name stored).
+    #[serde(serialize_with = "state_name")]
+    pub state: VersionState,
     /// When it entered that state.
     pub state_changed_at: DateTime<Utc>,
     /// Its tables and rows were dropped (`retire --drop`).
@@ -216,6 +226,11 @@ pub struct VersionStatus {
     pub partitions: Vec<PartitionStatus>,
     /// The running processes that serve it, and what each does with it.
     pub runners: Vec<Runner>,
+}
+
+/// A version's state as its stored name, the text `status --json` has always shown.
+fn state_name<S: Serializer>(state: &VersionState, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(state.as_str())
 }
 
 /// A rebuild in progress.
@@ -366,7 +381,7 @@ struct OffsetRow {
 #[derive(Debug, Default)]
 struct DbState {
     now: Option<DateTime<Utc>>,
-    versions: Vec<(String, i32, String, String, DateTime<Utc>, bool)>,
+    versions: Vec<(String, i32, String, VersionState, DateTime<Utc>, bool)>,
     rebuilds: HashMap<String, RebuildStatus>,
     offsets: HashMap<String, Vec<OffsetRow>>,
     dead_letters: HashMap<String, DeadLetters>,
@@ -511,7 +526,7 @@ pub async fn collect(
             name: name.clone(),
             version: *version,
             consumer: consumer.clone(),
-            state: state.clone(),
+            state: *state,
             state_changed_at: *changed,
             dropped: *dropped,
             rebuild: db.rebuilds.get(consumer).cloned(),
@@ -543,7 +558,7 @@ pub async fn collect(
             - v.counters.duplicates.watermark
             - v.counters.duplicates.inbox
             - v.counters.duplicates.version_filter;
-        if state != "retired" && !dropped {
+        if *state != VersionState::Retired && !dropped {
             v.partitions = partitions_of(&rows, extents.as_deref(), &times, now);
             if extents.is_some() {
                 v.lag = Some(Lag {
@@ -661,7 +676,7 @@ fn add_counters(into: &mut Counters, c: &Counters) {
 fn waiting_positions(db: &DbState, extents: &[Extent]) -> Vec<(i32, i64)> {
     let mut wanted = BTreeSet::new();
     for (_, _, consumer, state, _, dropped) in &db.versions {
-        if state == "retired" || *dropped {
+        if *state == VersionState::Retired || *dropped {
             continue;
         }
         let rows = db.offsets.get(consumer);
@@ -727,7 +742,7 @@ fn partitions_of(
 
 /// Applies the health rule to one version and adds its problems.
 fn judge(v: &mut VersionStatus, rule: &HealthRule, now: DateTime<Utc>, out: &mut Vec<Problem>) {
-    let building = v.state == "building";
+    let building = v.state == VersionState::Building;
     let paused = v.rebuild.as_ref().is_some_and(|r| r.paused);
     let mut problems = Vec::new();
     for p in &mut v.partitions {
@@ -751,7 +766,7 @@ fn judge(v: &mut VersionStatus, rule: &HealthRule, now: DateTime<Utc>, out: &mut
         }
         let Some(lag) = p.lag_messages else { continue };
         let last_progress = p.last_commit_at.unwrap_or(v.state_changed_at);
-        if (v.state == "live" || (building && !paused))
+        if (v.state == VersionState::Live || (building && !paused))
             && rule.stalled(now, lag, p.lag_seconds, last_progress)
         {
             p.stalled = true;
@@ -779,10 +794,10 @@ fn judge(v: &mut VersionStatus, rule: &HealthRule, now: DateTime<Utc>, out: &mut
             });
         }
     }
-    if v.state == "live" && !v.dropped {
+    if v.state == VersionState::Live && !v.dropped {
         runner_problems(v, rule, now, &mut problems);
     }
-    if v.state != "retired" && v.dead_letters.open > 0 {
+    if v.state != VersionState::Retired && v.dead_letters.open > 0 {
         problems.push(Problem {
             severity: Severity::Warn,
             kind: ProblemKind::DeadLetters,
@@ -796,7 +811,7 @@ fn judge(v: &mut VersionStatus, rule: &HealthRule, now: DateTime<Utc>, out: &mut
             ),
         });
     }
-    if v.state != "retired" && v.parked.total > 0 {
+    if v.state != VersionState::Retired && v.parked.total > 0 {
         problems.push(Problem {
             severity: Severity::Warn,
             kind: ProblemKind::ParkedAccounts,
@@ -906,29 +921,23 @@ async fn read_db(pool: &Pool, topic: &str, options: &StatusOptions) -> Result<Db
     let mut db = DbState::default();
     let names: Vec<String> = options.names.clone();
     let row = tx
-        .query_one("SELECT now()", &[])
+        .query_one(statement("now"), &[])
         .await
         .map_err(pg("reading the time"))?;
     db.now = Some(row.get(0));
     for r in tx
-        .query(
-            "SELECT name, version, consumer, state, state_changed_at, dropped_at IS NOT NULL \
-             FROM projector.views WHERE cardinality($1::text[]) = 0 OR name = ANY($1) \
-             ORDER BY name, version",
-            &[&names],
-        )
+        .query(statement("versions"), &[&names])
         .await
         .map_err(pg("reading the view registry"))?
     {
+        // The state is parsed here, once: a name the registry's CHECK does not allow is an
+        // error of the read, not a string compared further on.
+        let state: VersionState = r.try_get(3).map_err(pg("reading the view registry"))?;
         db.versions
-            .push((r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)));
+            .push((r.get(0), r.get(1), r.get(2), state, r.get(4), r.get(5)));
     }
     for r in tx
-        .query(
-            "SELECT consumer, phase, paused, source, started_at FROM projector.rebuilds \
-             WHERE phase IN ('seeding', 'tailing')",
-            &[],
-        )
+        .query(statement("rebuilds"), &[])
         .await
         .map_err(pg("reading rebuilds"))?
     {
@@ -943,13 +952,7 @@ async fn read_db(pool: &Pool, topic: &str, options: &StatusOptions) -> Result<Db
         );
     }
     for r in tx
-        .query(
-            "SELECT consumer, partition, next_offset, applied, ignored, duplicates, dup_seq, \
-                    dup_watermark, dup_inbox, dup_version_filter, dead_lettered, waiting, \
-                    drained, committed_by, updated_at \
-             FROM projector.offsets WHERE topic = $1 ORDER BY consumer, partition",
-            &[&topic],
-        )
+        .query(statement("offsets"), &[&topic])
         .await
         .map_err(pg("reading offsets (has `projector migrate` run?)"))?
     {
@@ -976,11 +979,7 @@ async fn read_db(pool: &Pool, topic: &str, options: &StatusOptions) -> Result<Db
         });
     }
     for r in tx
-        .query(
-            "SELECT consumer, kind, count(*) FILTER (WHERE resolved_at IS NULL), count(*) \
-             FROM projector.dead_letters GROUP BY consumer, kind",
-            &[],
-        )
+        .query(statement("dead_letters"), &[])
         .await
         .map_err(pg("reading dead letters"))?
     {
@@ -991,11 +990,7 @@ async fn read_db(pool: &Pool, topic: &str, options: &StatusOptions) -> Result<Db
         d.open_by_kind.insert(r.get(1), open);
     }
     for r in tx
-        .query(
-            "SELECT consumer, reason, count(*) FROM projector.parked_accounts \
-             GROUP BY consumer, reason",
-            &[],
-        )
+        .query(statement("parked"), &[])
         .await
         .map_err(pg("reading parked accounts"))?
     {
@@ -1005,15 +1000,7 @@ async fn read_db(pool: &Pool, topic: &str, options: &StatusOptions) -> Result<Db
         p.by_reason.insert(r.get(1), n);
     }
     for r in tx
-        .query(
-            "SELECT v.consumer, k.account_id, k.reason, k.blocked_seq, k.dead_letter_id, \
-                    k.parked_at, k.detail \
-             FROM projector.views v CROSS JOIN LATERAL ( \
-                 SELECT * FROM projector.parked_accounts k \
-                 WHERE k.consumer = v.consumer ORDER BY parked_at, account_id LIMIT $1) k \
-             ORDER BY v.consumer, k.parked_at, k.account_id",
-            &[&options.parked_limit.max(0)],
-        )
+        .query(statement("oldest_parked"), &[&options.parked_limit.max(0)])
         .await
         .map_err(pg("listing parked accounts"))?
     {
@@ -1031,10 +1018,7 @@ async fn read_db(pool: &Pool, topic: &str, options: &StatusOptions) -> Result<Db
             });
     }
     for r in tx
-        .query(
-            "SELECT consumer, count(*) FROM projector.waiting_events GROUP BY consumer",
-            &[],
-        )
+        .query(statement("waiting"), &[])
         .await
         .map_err(pg("counting waiting events"))?
     {
@@ -1070,6 +1054,7 @@ async fn inbox_status(
         } else if d.bytes < 10 * 1024 * 1024 {
             let table = crate::inbox::partition_name(d.day);
             Some(
+                // Inline: the statement names the day's table.
                 tx.query_one(&format!("SELECT count(*) FROM projector.{table}"), &[])
                     .await
                     .map_err(pg("counting a day of the inbox"))?
@@ -1081,15 +1066,7 @@ async fn inbox_status(
         rows = rows.zip(n).map(|(a, b)| a + b);
     }
     let legacy = tx
-        .query_one(
-            "SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint \
-                         WHEN pg_relation_size(c.oid) < 10485760 \
-                         THEN (SELECT count(*) FROM projector.inbox_legacy) ELSE 0 END, \
-                    pg_total_relation_size(c.oid), \
-                    (SELECT min(applied_at) FROM projector.inbox_legacy) \
-             FROM pg_class c WHERE c.oid = 'projector.inbox_legacy'::regclass",
-            &[],
-        )
+        .query_one(statement("legacy_inbox"), &[])
         .await
         .map_err(pg("reading the inbox before V0009"))?;
     let legacy_rows: i64 = legacy.get(0);
@@ -1119,19 +1096,13 @@ type CounterSample = (DateTime<Utc>, HashMap<String, (i64, i64)>);
 async fn sample_counters(pool: &Pool, topic: &str) -> Result<CounterSample, OpsError> {
     let client = pool.get().await?;
     let rows = client
-        .query(
-            "SELECT clock_timestamp(), consumer, \
-                    sum(applied + ignored + duplicates + dead_lettered + waiting - drained)::bigint, \
-                    sum(applied)::bigint \
-             FROM projector.offsets WHERE topic = $1 GROUP BY consumer",
-            &[&topic],
-        )
+        .query(statement("sample_counters"), &[&topic])
         .await
         .map_err(pg("sampling counters"))?;
     let at = match rows.first() {
         Some(r) => r.get(0),
         None => client
-            .query_one("SELECT clock_timestamp()", &[])
+            .query_one(statement("clock"), &[])
             .await
             .map_err(pg("reading the time"))?
             .get(0),
@@ -1161,4 +1132,41 @@ fn rates(first: &CounterSample, second: &CounterSample) -> HashMap<String, Throu
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_is_in_the_file() {
+        for name in [
+            "now",
+            "versions",
+            "rebuilds",
+            "offsets",
+            "dead_letters",
+            "parked",
+            "oldest_parked",
+            "waiting",
+            "legacy_inbox",
+            "sample_counters",
+            "clock",
+        ] {
+            assert!(!statement(name).is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn json_shows_a_versions_state_by_its_stored_name() {
+        for (state, json) in [
+            (VersionState::Building, "\"building\""),
+            (VersionState::Live, "\"live\""),
+            (VersionState::Retired, "\"retired\""),
+        ] {
+            let mut out = serde_json::Serializer::new(Vec::new());
+            state_name(&state, &mut out).expect("serialized");
+            assert_eq!(out.into_inner(), json.as_bytes());
+        }
+    }
 }

@@ -14,6 +14,7 @@ use projector_devkit::writeside::{
     LoadConfig, RelayConfig, RelayExit, Report as WriteReport, WriteSide, WriteSideError,
 };
 use projector_engine::kafka::source::KafkaConfig;
+use projector_engine::versions::VersionState;
 use projector_engine::Registry;
 use projector_rebuild::{Outcome, RebuildError};
 use tokio::task::JoinHandle;
@@ -403,14 +404,14 @@ impl Story<'_> {
         run.max_lag = run.max_lag.max(
             views
                 .iter()
-                .filter(|v| v.state == "live")
+                .filter(|v| v.state == VersionState::Live)
                 .map(|v| v.lag)
                 .max()
                 .unwrap_or(0),
         );
         let lags = views
             .iter()
-            .filter(|v| v.state != "retired")
+            .filter(|v| v.state != VersionState::Retired)
             .map(|v| format!("{} v{} {}", v.name, v.version, v.lag))
             .collect::<Vec<_>>()
             .join(", ");
@@ -444,7 +445,7 @@ impl Story<'_> {
     fn owners(&mut self, run: &mut Run, report: &WriteReport, views: &[ViewStats]) {
         let Some(reference) = views
             .iter()
-            .find(|v| v.state == "live" && v.name != REBUILT)
+            .find(|v| v.state == VersionState::Live && v.name != REBUILT)
         else {
             return;
         };
@@ -651,7 +652,10 @@ impl Story<'_> {
         let views = loop {
             b.check_alive()?;
             let views = view_stats(&run.client, &published).await?;
-            let live: Vec<&ViewStats> = views.iter().filter(|v| v.state == "live").collect();
+            let live: Vec<&ViewStats> = views
+                .iter()
+                .filter(|v| v.state == VersionState::Live)
+                .collect();
             if !live.is_empty() && live.iter().all(|v| v.lag == 0) {
                 break views;
             }

@@ -8,6 +8,7 @@
 use std::sync::LazyLock;
 
 use projector_engine::projection::named_sql;
+use projector_engine::versions::VersionState;
 use tokio_postgres::{Client, Error};
 
 const SQL: &str = include_str!("demo.sql");
@@ -117,8 +118,8 @@ pub struct PartitionOffsets {
 pub struct ViewOffsets {
     pub name: String,
     pub version: i32,
-    /// `building`, `live` or `retired`.
-    pub state: String,
+    /// Where the version is in its life.
+    pub state: VersionState,
     pub partition: Option<PartitionOffsets>,
 }
 
@@ -126,14 +127,14 @@ pub struct ViewOffsets {
 /// (once, without one, before it commits there), in order of name, version and partition.
 pub async fn view_offsets(client: &Client, topic: &str) -> Result<Vec<ViewOffsets>, Error> {
     let rows = client.query(*VIEW_OFFSETS, &[&topic]).await?;
-    Ok(rows
-        .iter()
+    rows.iter()
         .map(|r| {
             let n = |i: usize| r.get::<_, Option<i64>>(i).unwrap_or(0);
-            ViewOffsets {
+            Ok(ViewOffsets {
                 name: r.get(0),
                 version: r.get(1),
-                state: r.get(2),
+                // Parsed once, here: a state the registry's CHECK does not allow is an error.
+                state: r.try_get(2)?,
                 partition: r
                     .get::<_, Option<i32>>(3)
                     .map(|partition| PartitionOffsets {
@@ -149,9 +150,9 @@ pub async fn view_offsets(client: &Client, topic: &str) -> Result<Vec<ViewOffset
                         dead_lettered: n(12),
                         committed_by: r.get(13),
                     }),
-            }
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// Dead letters, open and resolved.
