@@ -492,6 +492,55 @@ impl SqlFile {
         named_sql(self.text, name)
     }
 
+    /// The statement under `-- name: <name>` without the comment lines that open its
+    /// section, found at compile time: for a `const` of a statement the engine sends often (the
+    /// hot path's, `queries.rs`), whose why stays in the file and off the wire. A missing or
+    /// empty section fails the build (the constant's definition names it).
+    pub const fn statement(&self, name: &str) -> &'static str {
+        let t = self.text.as_bytes();
+        let name = name.as_bytes();
+        // 0: looking for the header; 1: in the comments that open the section; 2: in the body.
+        let mut state = 0;
+        let (mut start, mut end) = (0, t.len());
+        let mut at = 0;
+        while at < t.len() {
+            let eol = line_end(t, at);
+            let (a, b) = trimmed(t, at, eol);
+            let header = has_prefix(t, a, b, b"-- name:");
+            let next = if eol < t.len() { eol + 1 } else { eol };
+            if state == 0 {
+                if header && b - a == 9 + name.len() && has_prefix(t, a + 9, b, name) {
+                    state = 1;
+                    start = next;
+                }
+            } else if header {
+                end = at;
+                break;
+            } else if state == 1 {
+                if a == b || has_prefix(t, a, b, b"--") {
+                    start = next;
+                } else {
+                    state = 2;
+                }
+            }
+            at = next;
+        }
+        if state != 2 {
+            panic!("an SQL file has no statement under a `-- name:` section a constant names");
+        }
+        let (a, mut b) = trimmed(t, start, end);
+        while b > a && t[b - 1] == b';' {
+            b -= 1;
+        }
+        let (a, b) = trimmed(t, a, b);
+        let (_, rest) = t.split_at(a);
+        let (body, _) = rest.split_at(b - a);
+        match core::str::from_utf8(body) {
+            Ok(body) => body,
+            Err(_) => panic!("a statement is cut inside a character"),
+        }
+    }
+
     /// The statement under `-- name: <name>`.
     ///
     /// The text is compiled in, so a missing section is a defect of the build, not of its
@@ -502,6 +551,40 @@ impl SqlFile {
         self.get(name)
             .unwrap_or_else(|| panic!("{} has no `-- name: {name}` section", self.path))
     }
+}
+
+/// Where the line starting at `at` ends (its `\n`, or the end of the text).
+const fn line_end(t: &[u8], mut at: usize) -> usize {
+    while at < t.len() && t[at] != b'\n' {
+        at += 1;
+    }
+    at
+}
+
+/// `a..b` without the ASCII whitespace at either end.
+const fn trimmed(t: &[u8], mut a: usize, mut b: usize) -> (usize, usize) {
+    while a < b && t[a].is_ascii_whitespace() {
+        a += 1;
+    }
+    while b > a && t[b - 1].is_ascii_whitespace() {
+        b -= 1;
+    }
+    (a, b)
+}
+
+/// Whether `t[a..b]` starts with `prefix`.
+const fn has_prefix(t: &[u8], a: usize, b: usize, prefix: &[u8]) -> bool {
+    if b - a < prefix.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < prefix.len() {
+        if t[a + i] != prefix[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 /// Replaces `{v}` with the version in a view's SQL text.
@@ -792,6 +875,29 @@ mod tests {
             Some("-- comment\nINSERT INTO a\nSELECT 1")
         );
         assert_eq!(named_sql(text, "missing"), None);
+    }
+
+    #[test]
+    fn a_statement_is_its_section_without_the_comments_that_open_it() {
+        const SQL: SqlFile = SqlFile::new(
+            "t.sql",
+            "-- file\n\n-- name: ddl\nCREATE TABLE a ();\n\n-- name: write\n-- why\n--\n-- more\n\nINSERT INTO a\n  SELECT 1; \n\n-- name: last\n-- x\nSELECT 'é'",
+        );
+        const DDL: &str = SQL.statement("ddl");
+        const WRITE: &str = SQL.statement("write");
+        assert_eq!(DDL, "CREATE TABLE a ()");
+        assert_eq!(WRITE, "INSERT INTO a\n  SELECT 1");
+        assert_eq!(SQL.statement("last"), "SELECT 'é'");
+        assert_eq!(
+            SQL.section("write"),
+            "-- why\n--\n-- more\n\nINSERT INTO a\n  SELECT 1"
+        );
+    }
+
+    #[test]
+    #[should_panic]
+    fn a_missing_statement_panics() {
+        SqlFile::new("t.sql", "-- name: a\n-- only a comment\n").statement("a");
     }
 
     #[test]

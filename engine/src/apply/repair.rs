@@ -16,6 +16,7 @@ use crate::dead_letters::{self, Skipped};
 use crate::event::Message;
 use crate::kafka::running;
 use crate::queries;
+use crate::{parked, progress};
 
 /// What [`Applier::skip_dead_letter`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,11 +149,7 @@ impl Applier {
             }
         }
         let Some(row) = tx
-            .query_opt(
-                "SELECT topic, partition, \"offset\", message_key, payload, resolved_at IS NOT NULL \
-                 FROM projector.dead_letters WHERE id = $1 AND consumer = $2 FOR UPDATE",
-                &[&id, &self.consumer],
-            )
+            .query_opt(dead_letters::LOCK_FOR_RETRY, &[&id, &self.consumer])
             .await
             .map_err(&err)?
         else {
@@ -186,13 +183,9 @@ impl Applier {
                 Disposition::Waiting => queries::RETRIED_WAITING_NOTE.to_owned(),
                 d => format!("{d:?}").to_lowercase(),
             };
-            tx.execute(
-                "UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'retried', \
-                     resolved_by = $2, resolution_note = $3 WHERE id = $1",
-                &[&id, &retried_by, &note],
-            )
-            .await
-            .map_err(self.db("resolving the dead letter"))?;
+            tx.execute(dead_letters::RESOLVE_RETRIED, &[&id, &retried_by, &note])
+                .await
+                .map_err(self.db("resolving the dead letter"))?;
         }
         tx.commit().await.map_err(self.db("committing"))?;
         self.rang();
@@ -312,11 +305,7 @@ impl Applier {
         // Read again under the account's lock: it may have gone meanwhile (`retire --drop`
         // deletes a version's dead letters).
         let row = tx
-            .query_opt(
-                "SELECT seq, kind, resolved_at IS NOT NULL FROM projector.dead_letters \
-                 WHERE id = $1 FOR UPDATE",
-                &[&id],
-            )
+            .query_opt(dead_letters::LOCK_FOR_SKIP, &[&id])
             .await
             .map_err(&err)?
             .ok_or_else(|| refused(format!("no dead letter {id} of this view version")))?;
@@ -397,10 +386,7 @@ impl Applier {
         id: i64,
     ) -> Result<Option<Option<i64>>, ApplyError> {
         Ok(tx
-            .query_opt(
-                "SELECT account_id FROM projector.dead_letters WHERE id = $1 AND consumer = $2",
-                &[&id, &self.consumer],
-            )
+            .query_opt(dead_letters::ACCOUNT_IN, &[&id, &self.consumer])
             .await
             .map_err(self.db("reading the dead letter's account"))?
             .map(|r| r.get(0)))
@@ -451,10 +437,7 @@ impl Applier {
         // that a bounded drain stopped short of): it can be applied, and a skip would drop
         // it as a stale duplicate.
         let waiting = tx
-            .query_opt(
-                "SELECT 1 FROM projector.waiting_events WHERE consumer = $1 AND account_id = $2 AND seq = $3 LIMIT 1",
-                &[&self.consumer, &account, &seq],
-            )
+            .query_opt(parked::WAITS_AT, &[&self.consumer, &account, &seq])
             .await
             .map_err(&err)?;
         if waiting.is_some() {
@@ -467,16 +450,11 @@ impl Applier {
                 ),
             });
         }
+        tx.execute(progress::SKIP_TO, &[&self.consumer, &account, &seq])
+            .await
+            .map_err(&err)?;
         tx.execute(
-            "UPDATE projector.account_progress SET last_seq = $3, last_event_id = NULL, last_occurred_at = NULL, updated_at = now() \
-             WHERE consumer = $1 AND account_id = $2",
-            &[&self.consumer, &account, &seq],
-        )
-        .await
-        .map_err(&err)?;
-        tx.execute(
-            "INSERT INTO projector.skips (consumer, account_id, seq, skipped_by, reason) \
-             VALUES ($1, $2, $3, $4, $5)",
+            progress::RECORD_SKIP,
             &[&self.consumer, &account, &seq, &skipped_by, &reason],
         )
         .await

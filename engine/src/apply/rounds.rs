@@ -73,6 +73,7 @@ pub fn compose_statement_with(projection: &dyn Projection, guard: InboxGuard) ->
             _ => format!("b.{}", quote(f.column())),
         });
     }
+    // Composed per view: its fields' columns and types, its inbox guard, its CTEs and write.
     let mut s = format!(
         "WITH batch AS (SELECT {} FROM unnest({}) AS b({})), ",
         select.join(", "),

@@ -1,7 +1,8 @@
 -- Statements on projector.dead_letters (V0001, V0005) outside a batch: what an engineer on
 -- call lists, reads and skips. A batch writes and resolves dead letters with the hot path's
--- statements (`queries.rs`: INSERT_DEAD_LETTERS, RESOLVE_SUPERSEDED, LOAD_DEAD_SEQS); a
--- repair (`apply/repair.rs`) reads them under its locks and skips through `skip` here.
+-- statements (`queries.sql`: insert_dead_letters, resolve_superseded, load_dead_seqs); a
+-- repair (`apply/repair.rs`) reads and resolves them under its locks with the last four
+-- here, and skips through `skip`.
 
 -- name: list
 -- Dead letters, newest first: open ones only unless $2, of every version of view $1 (NULL:
@@ -43,3 +44,27 @@ UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'skipped',
     resolved_by = $1, resolution_note = $2
 WHERE resolved_at IS NULL
   AND (id = $3 OR (consumer = $4 AND account_id = $5 AND seq = $6))
+
+-- name: lock_for_retry
+-- A repair's retry: the dead letter of id $1 of view version $2, its message and whether it
+-- is resolved, locked until the retry commits.
+SELECT topic, partition, "offset", message_key, payload, resolved_at IS NOT NULL
+FROM projector.dead_letters WHERE id = $1 AND consumer = $2 FOR UPDATE
+
+-- name: resolve_retried
+-- A retry that no longer dead-letters its event resolves the dead letter, with who ($2) and
+-- what became of the event ($3: `waiting` opens it again should the event fail when it
+-- drains, see the hot path's insert_dead_letters).
+UPDATE projector.dead_letters SET resolved_at = now(), resolution = 'retried',
+    resolved_by = $2, resolution_note = $3 WHERE id = $1
+
+-- name: lock_for_skip
+-- A repair's skip: the seq, kind and whether resolved of the dead letter of id $1, read again
+-- (and locked) under its account's lock.
+SELECT seq, kind, resolved_at IS NOT NULL FROM projector.dead_letters
+WHERE id = $1 FOR UPDATE
+
+-- name: account_in
+-- The account a dead letter of id $1 of view version $2 names, for a repair that locks the
+-- account before the dead letter.
+SELECT account_id FROM projector.dead_letters WHERE id = $1 AND consumer = $2

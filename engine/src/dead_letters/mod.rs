@@ -15,6 +15,18 @@ fn statement(name: &str) -> &'static str {
     SQL.section(name)
 }
 
+/// A repair's retry: the dead letter's message and whether it is resolved, locked.
+pub(crate) const LOCK_FOR_RETRY: &str = SQL.statement("lock_for_retry");
+
+/// Resolves a retried dead letter, with who and what became of its event.
+pub(crate) const RESOLVE_RETRIED: &str = SQL.statement("resolve_retried");
+
+/// A repair's skip: the dead letter's `seq`, kind and whether resolved, locked.
+pub(crate) const LOCK_FOR_SKIP: &str = SQL.statement("lock_for_skip");
+
+/// The account a dead letter of a view version names.
+pub(crate) const ACCOUNT_IN: &str = SQL.statement("account_in");
+
 /// A dead letter as `projector dlq list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {

@@ -1,6 +1,6 @@
 -- The statements on projector.inbox's days (V0009: one partition per day of the events' own
 -- time), projector.inbox_retention, projector.inbox_late_writes and projector.inbox_legacy
--- outside a batch. A batch's inbox guard is the hot path's (`queries.rs`: INBOX_CTES...).
+-- outside a batch. A batch's inbox guard is the hot path's (`queries.sql`: inbox_ctes...).
 -- The DDL on a day's table (create, attach, detach) and the sliced delete name the day's
 -- table and are composed in mod.rs.
 

@@ -13,6 +13,9 @@ fn statement(name: &str) -> &'static str {
     SQL.section(name)
 }
 
+/// Whether an event of an account waits at a `seq` (a repair's skip refuses it).
+pub(crate) const WAITS_AT: &str = SQL.statement("waits_at");
+
 /// A parked account as `projector parked list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {

@@ -1,7 +1,7 @@
 -- Statements on projector.parked_accounts and projector.waiting_events (V0001, V0002)
--- outside a batch: what an engineer on call lists and reads. A batch parks, unparks and
--- drains with the hot path's statements (`queries.rs`: PARK_ACCOUNTS, LOAD_WAITING,
--- DRAINABLE_ACCOUNTS...).
+-- outside a batch: what an engineer on call lists and reads, and what a repair's skip checks.
+-- A batch parks, unparks and drains with the hot path's statements (`queries.sql`:
+-- park_accounts, load_waiting, drainable_accounts...).
 
 -- name: list
 -- Parked accounts, longest parked first, of every version of view $1 (NULL: every view),
@@ -25,3 +25,8 @@ SELECT blocked_seq FROM projector.parked_accounts WHERE consumer = $1 AND accoun
 -- name: count
 -- Parked accounts of a view version.
 SELECT count(*) FROM projector.parked_accounts WHERE consumer = $1
+
+-- name: waits_at
+-- Whether an event of account $2 of a view version waits at seq $3: a skip of that seq is
+-- refused, the event can be applied.
+SELECT 1 FROM projector.waiting_events WHERE consumer = $1 AND account_id = $2 AND seq = $3 LIMIT 1

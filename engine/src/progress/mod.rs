@@ -17,6 +17,12 @@ fn statement(name: &str) -> &'static str {
     SQL.section(name)
 }
 
+/// A skipped `seq`: the account's progress moves to it.
+pub(crate) const SKIP_TO: &str = SQL.statement("skip_to");
+
+/// The record of a skipped `seq` (`projector.skips`).
+pub(crate) const RECORD_SKIP: &str = SQL.statement("record_skip");
+
 /// One partition's offset and counters, as [`offsets`] reads them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionOffset {

@@ -1,8 +1,9 @@
 -- Statements on a view version's position and progress outside a batch: projector.offsets,
 -- projector.account_progress and projector.snapshots as a rebuild places, compares, reads
 -- and hands them over, and the deletion of everything the engine keeps under a consumer
--- name when its version is dropped. A batch moves them with the hot path's statements
--- (`queries.rs`: LOCK_OFFSET, ADVANCE_OFFSET, SAVE_PROGRESS...).
+-- name when its version is dropped; and a repair's skipped seq (projector.skips). A batch
+-- moves them with the hot path's statements (`queries.sql`: lock_offset, advance_offset,
+-- save_progress...).
 
 -- name: seed_watermarks
 -- A snapshot's watermarks: each account starts at the seq the write side's state includes.
@@ -70,3 +71,15 @@ WITH o AS (DELETE FROM projector.offsets WHERE consumer = $1),
      l AS (DELETE FROM projector.inbox_late_writes WHERE consumer = $1),
      e AS (DELETE FROM projector.seen_seqs WHERE consumer = $1)
 DELETE FROM projector.dead_letters WHERE consumer = $1
+
+-- name: skip_to
+-- A skipped seq $3: account $2's progress moves to it, and no event holds it.
+UPDATE projector.account_progress
+SET last_seq = $3, last_event_id = NULL, last_occurred_at = NULL, updated_at = now()
+WHERE consumer = $1 AND account_id = $2
+
+-- name: record_skip
+-- The record of a skipped seq (projector.skips), with who ($4) and why ($5). A dropped
+-- version's skips are kept (`forget` leaves them).
+INSERT INTO projector.skips (consumer, account_id, seq, skipped_by, reason)
+VALUES ($1, $2, $3, $4, $5)

@@ -53,7 +53,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::apply::{Applier, BatchOutcome, Counts, Disposition};
-use crate::projection::{render, Projection, Registry, SourceOrdering};
+use crate::projection::{render, Projection, Registry, SourceOrdering, SqlFile};
 use crate::testkit::{consume, consume_with_crashes, EventSpec, Lcg, Partition, TestDb};
 
 /// Builds version `v` of the view under test.
@@ -64,6 +64,17 @@ pub type Rows = Vec<Vec<String>>;
 
 /// The topic every schedule's log is on (partition 0).
 const TOPIC: &str = "conformance";
+
+const SQL: SqlFile = SqlFile::new(
+    "engine/src/testkit/conformance.sql",
+    include_str!("conformance.sql"),
+);
+const BOOK_ACCOUNT_SEQ: &str = SQL.statement("book_account_seq");
+const RECORD_WATERMARKS: &str = SQL.statement("record_watermarks");
+const DEAD_LETTERS: &str = SQL.statement("dead_letters");
+const PARKED: &str = SQL.statement("parked");
+const WAITING: &str = SQL.statement("waiting");
+const OFFSET: &str = SQL.statement("offset");
 
 /// One way of delivering the stream: the log a producer wrote, and how consumers read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -271,6 +282,7 @@ pub async fn dump(client: &deadpool_postgres::Client, view: &dyn Projection) -> 
     let mut out = Vec::new();
     for table in view.tables() {
         let table = render(view, &table);
+        // Composed per table: the view's tables, rendered for its version.
         let rows = client
             .query(&format!("SELECT t::text FROM {table} t ORDER BY 1"), &[])
             .await
@@ -481,11 +493,7 @@ async fn seed_from_snapshot(
     }
     let (accounts, seqs): (Vec<i64>, Vec<i64>) = last_seq.into_iter().unzip();
     client
-        .execute(
-            "INSERT INTO account_seq (account_id, last_seq) \
-             SELECT * FROM unnest($1::bigint[], $2::bigint[])",
-            &[&accounts, &seqs],
-        )
+        .execute(BOOK_ACCOUNT_SEQ, &[&accounts, &seqs])
         .await
         .unwrap_or_else(|e| panic!("conformance: the write side's account_seq: {e}"));
 
@@ -507,13 +515,9 @@ async fn seed_from_snapshot(
         .map(|r| (r.get("account_id"), r.get("watermark_seq")))
         .collect();
     let (accounts, marks): (Vec<i64>, Vec<i64>) = watermarks.iter().map(|(a, w)| (*a, *w)).unzip();
-    tx.execute(
-        "INSERT INTO projector.account_progress (consumer, account_id, last_seq, watermark_seq) \
-         SELECT $1, a, w, w FROM unnest($2::bigint[], $3::bigint[]) AS t(a, w)",
-        &[&view.consumer(), &accounts, &marks],
-    )
-    .await
-    .expect("record the watermarks");
+    tx.execute(RECORD_WATERMARKS, &[&view.consumer(), &accounts, &marks])
+        .await
+        .expect("record the watermarks");
     tx.commit().await.expect("commit the snapshot");
     watermarks
 }
@@ -803,11 +807,7 @@ async fn check_left_behind(
     problems: &mut Vec<String>,
 ) {
     let dead = client
-        .query(
-            "SELECT \"offset\", kind, payload, error FROM projector.dead_letters \
-             WHERE consumer = $1 ORDER BY \"offset\"",
-            &[&consumer],
-        )
+        .query(DEAD_LETTERS, &[&consumer])
         .await
         .expect("read dead letters");
     let mut found = BTreeSet::new();
@@ -827,11 +827,7 @@ async fn check_left_behind(
         ));
     }
     let parked = client
-        .query(
-            "SELECT account_id, reason, blocked_seq, detail FROM projector.parked_accounts \
-             WHERE consumer = $1 ORDER BY account_id",
-            &[&consumer],
-        )
+        .query(PARKED, &[&consumer])
         .await
         .expect("read parked accounts");
     for r in &parked {
@@ -842,10 +838,7 @@ async fn check_left_behind(
         ));
     }
     let waiting: i64 = client
-        .query_one(
-            "SELECT count(*) FROM projector.waiting_events WHERE consumer = $1",
-            &[&consumer],
-        )
+        .query_one(WAITING, &[&consumer])
         .await
         .expect("count waiting events")
         .get(0);
@@ -929,11 +922,7 @@ async fn check_stored_counters(
     problems: &mut Vec<String>,
 ) {
     let stored = client
-        .query_opt(
-            "SELECT next_offset, applied, ignored, duplicates, dead_lettered, waiting, drained \
-             FROM projector.offsets WHERE consumer = $1 AND topic = $2 AND partition = 0",
-            &[&consumer, &TOPIC],
-        )
+        .query_opt(OFFSET, &[&consumer, &TOPIC])
         .await
         .expect("read the offset row");
     let Some(r) = stored else {

@@ -32,6 +32,7 @@ pub async fn drop_databases_of_this_process(url: &str) {
         return;
     };
     let prefix = format!("projector_test_{}_%", std::process::id());
+    // The server's catalog, no engine table: this process's leftover test databases.
     let Ok(rows) = client
         .query(
             "SELECT datname FROM pg_database WHERE datname LIKE $1",
@@ -97,6 +98,7 @@ impl TestDb {
             .get()
             .await
             .expect("connect to the test server (is PostgreSQL running?)");
+        // Composed per database: its name.
         client
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
@@ -147,6 +149,7 @@ impl Drop for TestDb {
             rt.block_on(async {
                 let pool = crate::db::pool(&admin_url(), 1).ok()?;
                 let client = pool.get().await.ok()?;
+                // Composed per database: its name.
                 client
                     .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                     .await
