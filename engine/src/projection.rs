@@ -158,7 +158,10 @@ pub trait Projection: Send + Sync + 'static {
     /// filter, the filter applies to each event of the run (an event at or below the stored
     /// row's version is dropped, the rest are folded), and `write` returns one row per event
     /// applied, not per row written, so that `|ev| - |written|` still counts the events the
-    /// filter dropped (portfolio does both).
+    /// filter dropped (portfolio does both). An account with more than
+    /// [`RUN_CAP`](crate::apply::RUN_CAP) events in a batch is sent in rounds of that many,
+    /// in `seq` order, in the batch's transaction: the statement must fold a run from the
+    /// row an earlier round wrote, as it does from any stored row.
     fn many_per_account(&self) -> bool {
         false
     }

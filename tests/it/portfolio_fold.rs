@@ -15,6 +15,7 @@ use std::sync::Arc;
 use crate::support::risk::{count_writes, trade, AT};
 use crate::support::variant::Variant;
 use crate::support::{applier, view_rows};
+use projector_engine::apply::RUN_CAP;
 use projector_engine::testkit::{
     bust, consume, consume_with_crashes, EventSpec, Lcg, Partition, TestDb,
 };
@@ -489,6 +490,70 @@ async fn portfolio_fold_rounding_flips_and_closes_equal_one_event_at_a_time() {
     assert!(
         notices.len() >= 6,
         "closes and flips announced: {notices:?}"
+    );
+}
+
+/// An account with more events in one batch than a statement takes of one account
+/// ([`RUN_CAP`]): 600 trades over two positions, with averages that round, flips and closes,
+/// go in rounds of `RUN_CAP` in the batch's transaction, each folding from the rows the round
+/// before wrote: every position row is written once per round (not once in all, which would
+/// be one statement with a run whose cost grows as its square; not once per event), and the
+/// rows and notices equal one event at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portfolio_fold_a_run_past_the_cap_goes_in_rounds_and_equals_one_event_at_a_time() {
+    let pre = vec![
+        trade(1, 1, "X", "buy", "10", "1"),
+        trade(1, 2, "Y", "sell", "3", "2.5"),
+    ];
+    let qtys = ["1", "2", "0.5", "3", "7", "10.50", "13"];
+    let mut batch: Vec<EventSpec> = (3..=602)
+        .map(|seq: i64| {
+            let i = usize::try_from(seq).expect("seq");
+            let symbol = if seq % 3 == 0 { "Y" } else { "X" };
+            let side = if (i / 3) % 2 == 0 { "buy" } else { "sell" };
+            let price = format!("{}.{:05}", 1 + i % 5, (i * 7919) % 100_000);
+            trade(1, seq, symbol, side, qtys[i % 9 % qtys.len()], &price)
+        })
+        .collect();
+    batch.extend([
+        trade(2, 1, "Z", "buy", "1", "1"),
+        trade(2, 2, "Z", "buy", "2", "0.3333333333"),
+        trade(2, 3, "Z", "sell", "4", "2"),
+    ]);
+    let view: Arc<dyn Projection> = Arc::new(Portfolio::new(1));
+    let mut f = side(view.clone(), "").await;
+    let mut s = side(view, "").await;
+    let mut log = Partition::from_events("trades", 0, &pre);
+    consume(&f.applier, &mut f.client, &log, 1).await;
+    consume(&s.applier, &mut s.client, &log, 1).await;
+    for e in &batch {
+        log.push_event(e);
+    }
+    let before = writes(&f.client).await;
+    let outcomes = consume(&f.applier, &mut f.client, &log, 10_000).await;
+    assert_eq!(outcomes.len(), 1, "one batch");
+    let written = writes(&f.client).await - before;
+    consume(&s.applier, &mut s.client, &log, 1).await;
+    let folded = state(&f.client, &*f.view, false).await;
+    difference(
+        &folded,
+        &state(&s.client, &*s.view, false).await,
+        "folded vs one at a time",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Account 1: 600 events in rounds of RUN_CAP, both of its rows written in each round;
+    // account 2: one round, one row.
+    let rounds = 600usize.div_ceil(RUN_CAP);
+    assert!(rounds > 1, "the batch exceeds the cap");
+    assert_eq!(
+        written,
+        i64::try_from(2 * rounds + 1).expect("writes"),
+        "row writes of the batch"
+    );
+    assert!(
+        folded[1].1.len() > 100,
+        "flips and closes announced: {}",
+        folded[1].1.len()
     );
 }
 

@@ -63,7 +63,7 @@ use passes::{Passes, Written};
 use plan::{AccountState, Decoded, WaitingEvent, Work};
 
 pub use repair::DeadLetterSkip;
-pub use rounds::{compose_statement, compose_statement_with, InboxGuard};
+pub use rounds::{compose_statement, compose_statement_with, InboxGuard, RUN_CAP};
 pub(crate) use types::describe_db_error;
 pub use types::{ApplyError, Batch, BatchOutcome, Counts, Disposition};
 

@@ -227,21 +227,42 @@ fn is_inbox_conflict(e: &tokio_postgres::Error) -> bool {
     })
 }
 
+/// The most events of one account an order-dependent view that takes many events per
+/// account ([`Projection::many_per_account`](crate::Projection::many_per_account)) gets in
+/// one statement; an account with more in a batch is sent in rounds of this many, in `seq`
+/// order, each folding from the row the round before it wrote in the same transaction.
+///
+/// A fold whose steps join the run again (portfolio's recursive CTE) costs about the square
+/// of its longest run: 12,000 events of one position in one statement took 8.3 s, in rounds
+/// of 256 0.34 s (docs/benchmarks.md, "Ninth round"). A batch of the usual shape (2,000
+/// events over hundreds of accounts) never has this many of one account, and stays one
+/// statement.
+pub const RUN_CAP: usize = 256;
+
 impl Applier {
-    /// Key-disjoint rounds of the events sent to the statement. Order-independent views, and
-    /// order-dependent ones that take many events per account (each account's in `seq`
-    /// order), get one round with everything, unless `by_account` asks for rounds of one
-    /// event per account anyway (failure isolation).
+    /// Key-disjoint rounds of the events sent to the statement. Order-independent views get
+    /// one round with everything, and order-dependent ones that take many events per account
+    /// (each account's in `seq` order) one round of up to [`RUN_CAP`] events per account, the
+    /// rest in more rounds, unless `by_account` asks for rounds of one event per account
+    /// anyway (failure isolation).
     pub(crate) fn rounds(&self, work: &Work<'_>, by_account: bool) -> Vec<Vec<Slot>> {
         let mut rounds: Vec<Vec<Slot>> = Vec::new();
-        let single = (!self.ordered || self.many_per_account) && !by_account;
+        let per_round = if by_account {
+            1
+        } else if !self.ordered {
+            usize::MAX
+        } else if self.many_per_account {
+            RUN_CAP
+        } else {
+            1
+        };
         for (a, acc) in work.accounts().iter().enumerate() {
             let mut r = 0;
             for (k, &(_, item)) in acc.plan.emitted.iter().enumerate() {
                 if work.is_repeat(item) || !work.sends(item) {
                     continue;
                 }
-                let slot = if single { 0 } else { r };
+                let slot = r / per_round;
                 if rounds.len() <= slot {
                     rounds.push(Vec::new());
                 }
