@@ -919,3 +919,54 @@ async fn portfolio_fold_flips_and_a_close_at_round_boundaries_are_announced_once
         folded[1].1
     );
 }
+
+/// A repair that drains a run past the cap: the 100th event of a 399-event run fails (its
+/// account parks, 299 wait); skipping the dead letter and draining the account sends the 299
+/// waiting events through the same rounds (`repair`), in rounds of the cap. Before and after
+/// the repair, everything but the counters equals one event at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portfolio_fold_a_repair_drains_a_run_past_the_cap_as_one_event_at_a_time() {
+    let view: Arc<dyn Projection> = Arc::new(failing_at_13(&[]));
+    let pre = vec![trade(1, 1, "X", "buy", "10", "1")];
+    let mut batch = long_run(1, 2..=400);
+    batch[99] = trade(1, 101, "Z", "buy", "2", "13");
+    batch[100] = trade(1, 102, "Z", "sell", "2", "1");
+    let mut f = side(view.clone(), "").await;
+    let mut s = side(view, "").await;
+    let mut log = Partition::from_events("trades", 0, &pre);
+    consume(&f.applier, &mut f.client, &log, 1).await;
+    consume(&s.applier, &mut s.client, &log, 1).await;
+    for e in &batch {
+        log.push_event(e);
+    }
+    consume(&f.applier, &mut f.client, &log, 10_000).await;
+    consume(&s.applier, &mut s.client, &log, 1).await;
+    let parked = state(&f.client, &*f.view, false).await;
+    assert_eq!(parked[3].1.len(), 299, "waiting");
+    difference(
+        &parked,
+        &state(&s.client, &*s.view, false).await,
+        "parked: folded vs one at a time",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let before = writes(&f.client).await;
+    for x in [&mut f, &mut s] {
+        repair_all(&x.applier, &mut x.client, &x.view.consumer()).await;
+    }
+    // The drain: 299 events in two rounds; the first writes Z (opened short by the close
+    // that waited behind the event at fault), X and Y, the second X and Y.
+    assert_eq!(
+        writes(&f.client).await - before,
+        5,
+        "row writes of the drain"
+    );
+    let repaired = state(&f.client, &*f.view, false).await;
+    assert!(repaired[3].1.is_empty(), "nothing waits");
+    assert_eq!(repaired[5].1[0][1], "400", "progress");
+    difference(
+        &repaired,
+        &state(&s.client, &*s.view, false).await,
+        "repaired: folded vs one at a time",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
