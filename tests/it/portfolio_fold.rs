@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::support::risk::{count_writes, trade, AT};
 use crate::support::variant::Variant;
 use crate::support::{applier, view_rows};
-use projector_engine::apply::RUN_CAP;
+use projector_engine::apply::{InboxGuard, RUN_CAP};
 use projector_engine::testkit::{
     bust, consume, consume_with_crashes, EventSpec, Lcg, Partition, TestDb,
 };
@@ -642,4 +642,354 @@ async fn portfolio_fold_the_version_filter_drops_and_counts_a_replayed_run() {
         totals.push(view_rows(&x.client, &*x.view, ROWS).await);
     }
     assert_eq!(totals[0], totals[1]);
+}
+
+// From a review of f51e75a (RUN_CAP: an account's run past the cap goes in rounds of
+// `RUN_CAP` in the batch's transaction). What a round boundary could break: the event at
+// fault found and the rounds before it undone, the fast path's plain insert meeting a
+// reused id in a later round, a gap in the run (it waits, then drains in rounds), the
+// version filter's count per statement, a redelivered batch.
+
+/// Account `account`'s fills with `seq` in `seqs`, over X and Y, flipping and closing often,
+/// with averages that round; no price is 13 (see [`failing_at_13`]).
+fn long_run(account: i64, seqs: std::ops::RangeInclusive<i64>) -> Vec<EventSpec> {
+    let qtys = ["1", "2", "0.5", "3", "7", "10.50", "13"];
+    seqs.map(|seq| {
+        let i = usize::try_from(seq).expect("seq") + usize::try_from(account).expect("account");
+        let symbol = if seq % 3 == 0 { "Y" } else { "X" };
+        let side = if (i / 3) % 2 == 0 { "buy" } else { "sell" };
+        let price = format!("{}.{:05}", 1 + i % 5, (i * 7919) % 100_000);
+        trade(account, seq, symbol, side, qtys[i % 9 % qtys.len()], &price)
+    })
+    .collect()
+}
+
+/// Events at fault around the round boundary, one account each, all in one batch: the
+/// account's `at`-th event of the batch opens a position at a negative average (the CHECK
+/// refuses it alone) and the next one closes it exactly (the row valid again). At 256 (the
+/// last of round 1, its close the first of round 2) and 257 (the first of round 2, after a
+/// round 1 that ran); and an account of clean events past the cap beside them. The dead
+/// letters, the waiting events, the parks, the progress, the inbox, the rows and the notices
+/// equal one event at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portfolio_fold_events_at_fault_around_the_cap_fail_as_one_event_at_a_time() {
+    assert_eq!(RUN_CAP, 256, "the positions below are chosen for this cap");
+    let at_fault = [(2, 256usize), (3, 257)];
+    let mut pre = Vec::new();
+    let mut batch = Vec::new();
+    for &(account, at) in &at_fault {
+        pre.push(trade(account, 1, "X", "buy", "10", "1"));
+        let mut run = long_run(account, 2..=265);
+        let bad = i64::try_from(at).expect("at") + 1;
+        run[at - 1] = trade(account, bad, "Z", "buy", "2", "13");
+        run[at] = trade(account, bad + 1, "Z", "sell", "2", "1");
+        batch.extend(run);
+    }
+    pre.push(trade(5, 1, "X", "buy", "10", "1"));
+    batch.extend(long_run(5, 2..=265));
+    let view: Arc<dyn Projection> = Arc::new(failing_at_13(&[]));
+    let (folded, single) = one_batch_vs_one_at_a_time(view.clone(), &pre, &batch).await;
+    // What the batch counts: the rounds of the fast path that ran before the failing one were
+    // undone, not kept (the careful path would then find their events in the inbox and count
+    // them as duplicates).
+    let mut c = side(view, "").await;
+    let mut log = Partition::from_events("trades", 0, &pre);
+    consume(&c.applier, &mut c.client, &log, 1).await;
+    for e in &batch {
+        log.push_event(e);
+    }
+    let out = consume(&c.applier, &mut c.client, &log, 10_000).await;
+    assert_eq!(out.len(), 1, "one batch");
+    let n = &out[0].counts;
+    assert_eq!(
+        (
+            n.applied,
+            n.failed,
+            n.waiting,
+            n.dup_inbox,
+            n.dup_version_filter
+        ),
+        (255 + 256 + 264, 2, 8 + 7, 0, 0),
+        "{n:?}"
+    );
+    difference(&folded, &single, "folded vs one at a time").unwrap_or_else(|e| panic!("{e}"));
+    let dead = &folded[2].1;
+    assert_eq!(
+        dead.len(),
+        2,
+        "one dead letter per account at fault: {dead:?}"
+    );
+    let mut seqs: Vec<(&str, &str)> = dead
+        .iter()
+        .map(|d| (d[2].as_str(), d[3].as_str()))
+        .collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, [("2", "257"), ("3", "258")], "{dead:?}");
+    let parked = &folded[4].1;
+    assert_eq!(parked.len(), 2, "{parked:?}");
+    let progress = &folded[5].1;
+    assert_eq!(
+        progress.iter().map(|p| p[1].as_str()).collect::<Vec<_>>(),
+        ["256", "257", "265"],
+        "{progress:?}"
+    );
+}
+
+/// Reused ids in a run past the cap: the 400th event of account 1's run reuses the id of an
+/// event an earlier batch applied (the fast path's plain insert fails in round 2, after round
+/// 1 ran; the rounds run again with `ON CONFLICT`, from the savepoint), and the 450th reuses
+/// the id of the batch's 10th (a repeat, never sent). Once committed at the first delivery,
+/// once after a crash between apply and commit (delivered again). Each reused id is skipped
+/// once, everything else is applied once: rows, notices, inbox, progress and the counts equal
+/// one event at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portfolio_fold_reused_ids_past_the_cap_are_skipped_once_as_one_event_at_a_time() {
+    let view: Arc<dyn Projection> = Arc::new(Portfolio::new(1));
+    let pre = long_run(1, 1..=3);
+    let mut batch = long_run(1, 4..=603);
+    let earlier = pre[1].event_id.clone();
+    let in_batch = batch[9].event_id.clone();
+    batch[399] = batch[399].clone().with_id(&earlier);
+    batch[449] = batch[449].clone().with_id(&in_batch);
+    batch.extend(long_run(2, 1..=5));
+    let mut log = Partition::from_events("trades", 0, &pre);
+    let mut sides = Vec::new();
+    for _ in 0..3 {
+        let mut x = side(view.clone(), "").await;
+        consume(&x.applier, &mut x.client, &log, 1).await;
+        sides.push(x);
+    }
+    for e in &batch {
+        log.push_event(e);
+    }
+    let sum = |o: &[projector_engine::BatchOutcome]| {
+        o.iter().fold((0, 0, 0, 0), |(a, i, v, n), o| {
+            (
+                a + o.counts.applied,
+                i + o.counts.dup_inbox,
+                v + o.counts.dup_version_filter,
+                n + o.counts.notices,
+            )
+        })
+    };
+    let s = sides.pop().expect("one at a time");
+    let mut s = s;
+    let single_out = consume(&s.applier, &mut s.client, &log, 1).await;
+    assert_eq!(
+        sum(&single_out).0,
+        603,
+        "every event but the two reused ids"
+    );
+    assert_eq!(sum(&single_out).1, 2, "each reused id skipped once");
+    let single = state(&s.client, &*s.view, false).await;
+    for (crash, mut f) in [false, true].into_iter().zip(sides) {
+        assert_eq!(f.applier.first_try(), Some(InboxGuard::Fail));
+        let out =
+            consume_with_crashes(&f.applier, &mut f.client, &log, 10_000, |n| crash && n == 0)
+                .await;
+        assert_eq!(out.len(), 1, "one batch, committed once (crash {crash})");
+        assert_eq!(
+            f.applier.first_try(),
+            Some(InboxGuard::Skip),
+            "the plain insert met the reused id and the rounds ran again with ON CONFLICT"
+        );
+        assert_eq!(
+            sum(&out),
+            sum(&single_out),
+            "applied, dup_inbox, dup_version_filter, notices (crash {crash})"
+        );
+        difference(
+            &state(&f.client, &*f.view, false).await,
+            &single,
+            &format!("folded (crash {crash}) vs one at a time"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// A gap in a run past the cap: 699 events of one account but its 300th; 299 apply (two
+/// rounds) and 400 wait, parked. The missing event comes in a later batch with a few more:
+/// the account drains 400 waiting events and the batch's in rounds of the cap. The reference
+/// is the code in rounds (one event per account per round) fed the same batches: rows,
+/// notices, waiting events, parks, progress, inbox and counters equal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portfolio_fold_a_gap_in_a_run_past_the_cap_waits_then_drains_in_rounds() {
+    let all = long_run(1, 1..=710);
+    let mut f = side(Arc::new(Portfolio::new(1)), "").await;
+    let mut r = side(Arc::new(PortfolioInRounds::new(1)), "").await;
+    let mut log = Partition::new("trades", 0);
+    for e in all[..700].iter().filter(|e| e.seq != 300) {
+        log.push_event(e);
+    }
+    let mut outs = consume(&f.applier, &mut f.client, &log, 10_000).await;
+    consume(&r.applier, &mut r.client, &log, 10_000).await;
+    assert_eq!(outs.len(), 1);
+    assert_eq!((outs[0].counts.applied, outs[0].counts.waiting), (299, 400));
+    difference(
+        &state(&f.client, &*f.view, true).await,
+        &state(&r.client, &*r.view, true).await,
+        "parked: folded vs in rounds",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    log.push_event(&all[299]);
+    for e in &all[700..] {
+        log.push_event(e);
+    }
+    let before = writes(&f.client).await;
+    outs.extend(consume(&f.applier, &mut f.client, &log, 10_000).await);
+    consume(&r.applier, &mut r.client, &log, 10_000).await;
+    assert_eq!(outs.len(), 2);
+    assert_eq!((outs[1].counts.applied, outs[1].counts.drained), (411, 400));
+    // 411 events of one account: two rounds, each writing both of its rows.
+    assert_eq!(
+        writes(&f.client).await - before,
+        4,
+        "row writes of the drain"
+    );
+    let state_f = state(&f.client, &*f.view, true).await;
+    difference(
+        &state_f,
+        &state(&r.client, &*r.view, true).await,
+        "drained: folded vs in rounds",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        state_f[3].1.is_empty() && state_f[4].1.is_empty(),
+        "nothing waits"
+    );
+    assert!(!state_f[1].1.is_empty(), "flips and closes announced");
+}
+
+/// The version filter across rounds: the inbox and progress forgotten, a run of 600 events
+/// of one position replayed in one batch reaches the statement in three rounds, each
+/// dropping its events at or below the row's version and counting them (|ev| - |written|
+/// per statement); the one new event applies. As batches under the cap count it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portfolio_fold_the_version_filter_counts_a_replayed_run_past_the_cap() {
+    let events: Vec<EventSpec> = long_run(1, 1..=600);
+    let mut totals = Vec::new();
+    for batch_len in [10_000, 100] {
+        let mut x = side(Arc::new(Portfolio::new(1)), "").await;
+        let mut log = Partition::from_events("trades", 0, &events);
+        consume(&x.applier, &mut x.client, &log, batch_len).await;
+        x.client
+            .batch_execute(
+                "SET projector.inbox_layout = 'days'; DELETE FROM projector.inbox; \
+                 DELETE FROM projector.account_progress; \
+                 UPDATE projector.offsets SET next_offset = 0",
+            )
+            .await
+            .expect("forget");
+        log.push_event(&trade(1, 601, "X", "sell", "2", "9"));
+        let outcomes = consume(&x.applier, &mut x.client, &log, batch_len).await;
+        let (mut filtered, mut applied) = (0, 0);
+        for o in &outcomes {
+            filtered += o.counts.dup_version_filter;
+            applied += o.counts.applied;
+        }
+        assert_eq!((filtered, applied), (600, 1), "batches of {batch_len}");
+        totals.push(view_rows(&x.client, &*x.view, ROWS).await);
+    }
+    assert_eq!(totals[0], totals[1]);
+}
+
+/// Notices across round boundaries: the last event of round 1 flips the position (its
+/// position before is the step before it, in the round), the first of round 2 flips it back
+/// (its position before is the row round 1 wrote, as stored), and the first of round 3
+/// closes it exactly. Each is announced once, with the position before as one event at a
+/// time gives it, and the rows and notices equal one event at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portfolio_fold_flips_and_a_close_at_round_boundaries_are_announced_once() {
+    assert_eq!(RUN_CAP, 256, "the positions below are chosen for this cap");
+    let pre = vec![trade(1, 1, "X", "buy", "10", "1")];
+    // The batch's n-th event is seq n + 1.
+    let batch: Vec<EventSpec> = (2..=530)
+        .map(|seq: i64| match seq {
+            257 => trade(1, seq, "X", "sell", "300", "2"),
+            258 => trade(1, seq, "X", "buy", "100.0", "1.5"),
+            514 => trade(1, seq, "X", "sell", "320.0", "3"),
+            s if s < 257 => trade(1, seq, "X", "buy", "1", "1.25"),
+            _ => trade(1, seq, "X", "buy", "1", "0.3333333333"),
+        })
+        .collect();
+    let (folded, single) =
+        one_batch_vs_one_at_a_time(Arc::new(Portfolio::new(1)), &pre, &batch).await;
+    difference(&folded, &single, "folded vs one at a time").unwrap_or_else(|e| panic!("{e}"));
+    let notices: Vec<(String, String, String)> = folded[1]
+        .1
+        .iter()
+        .map(|n| {
+            let payload: serde_json::Value = serde_json::from_str(&n[4]).expect("payload");
+            (
+                n[1].clone(),
+                n[2].clone(),
+                payload["net_qty_before"]
+                    .as_str()
+                    .expect("net_qty_before")
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("257", "position_flipped", "265"),
+        ("258", "position_flipped", "-35"),
+        ("514", "position_closed", "320.0"),
+    ];
+    assert_eq!(
+        notices,
+        expected.map(|(s, k, b)| (s.to_owned(), k.to_owned(), b.to_owned())),
+        "{:?}",
+        folded[1].1
+    );
+}
+
+/// A repair that drains a run past the cap: the 100th event of a 399-event run fails (its
+/// account parks, 299 wait); skipping the dead letter and draining the account sends the 299
+/// waiting events through the same rounds (`repair`), in rounds of the cap. Before and after
+/// the repair, everything but the counters equals one event at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portfolio_fold_a_repair_drains_a_run_past_the_cap_as_one_event_at_a_time() {
+    let view: Arc<dyn Projection> = Arc::new(failing_at_13(&[]));
+    let pre = vec![trade(1, 1, "X", "buy", "10", "1")];
+    let mut batch = long_run(1, 2..=400);
+    batch[99] = trade(1, 101, "Z", "buy", "2", "13");
+    batch[100] = trade(1, 102, "Z", "sell", "2", "1");
+    let mut f = side(view.clone(), "").await;
+    let mut s = side(view, "").await;
+    let mut log = Partition::from_events("trades", 0, &pre);
+    consume(&f.applier, &mut f.client, &log, 1).await;
+    consume(&s.applier, &mut s.client, &log, 1).await;
+    for e in &batch {
+        log.push_event(e);
+    }
+    consume(&f.applier, &mut f.client, &log, 10_000).await;
+    consume(&s.applier, &mut s.client, &log, 1).await;
+    let parked = state(&f.client, &*f.view, false).await;
+    assert_eq!(parked[3].1.len(), 299, "waiting");
+    difference(
+        &parked,
+        &state(&s.client, &*s.view, false).await,
+        "parked: folded vs one at a time",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let before = writes(&f.client).await;
+    for x in [&mut f, &mut s] {
+        repair_all(&x.applier, &mut x.client, &x.view.consumer()).await;
+    }
+    // The drain: 299 events in two rounds; the first writes Z (opened short by the close
+    // that waited behind the event at fault), X and Y, the second X and Y.
+    assert_eq!(
+        writes(&f.client).await - before,
+        5,
+        "row writes of the drain"
+    );
+    let repaired = state(&f.client, &*f.view, false).await;
+    assert!(repaired[3].1.is_empty(), "nothing waits");
+    assert_eq!(repaired[5].1[0][1], "400", "progress");
+    difference(
+        &repaired,
+        &state(&s.client, &*s.view, false).await,
+        "repaired: folded vs one at a time",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
 }
