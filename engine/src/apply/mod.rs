@@ -161,7 +161,8 @@ pub struct Applier {
     /// True for an order-dependent view: rounds, and nothing after an account's failed event.
     ordered: bool,
     /// An order-dependent view whose statement folds an account's run of events in `seq`
-    /// order ([`Projection::many_per_account`]): the fast path sends one round.
+    /// order ([`Projection::many_per_account`]): the fast path sends one round, or more for an
+    /// account with more than [`RUN_CAP`] events in the batch.
     many_per_account: bool,
     /// A handful of types: compared one by one, cheaper than hashing each event's type
     /// (asked several times per event).

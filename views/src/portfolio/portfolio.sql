@@ -2,7 +2,9 @@
 -- The rules are in docs/views.md; every statement this view runs is in this file.
 --
 -- The view is order-dependent and takes each account's events of a batch at once
--- (`many_per_account`): the statement folds each row's run of events in seq order, one event
+-- (`many_per_account`; up to 256 of one account per statement, the engine's `RUN_CAP`, the
+-- rest in further statements of the batch's transaction, each folding from the row the one
+-- before wrote, as across batches): the statement folds each row's run of events in seq order, one event
 -- after the other with the same arithmetic and the same rounding as one event alone, and
 -- writes the row once. The average is rounded at every step, so a run cannot be summed: the
 -- fold is a recursive CTE, one step per event, whose steps also give each event's position

@@ -9,8 +9,9 @@
 -- How the sections compose (views/src/risk/mod.rs):
 --   apply:    WITH <engine prefix>, <ctes>, written AS (<write>) SELECT ...
 --   snapshot: WITH <snapshot_book>, <totals>, seeded_accounts AS (<seed>) <watermarks>
--- The apply path is incremental and takes each account's events of a batch at once: a
--- symbol moves by the sum of its events, so the account row moves by its moved symbols'
+-- The apply path is incremental and takes each account's events of a batch at once (up to
+-- 256 of one account per statement, the engine's `RUN_CAP`, the rest in further statements
+-- of the batch's transaction, each from the rows the one before wrote): a symbol moves by the sum of its events, so the account row moves by its moved symbols'
 -- exposures before and after, and only when the largest position shrinks is the account's
 -- book read again. The snapshot computes the row from the whole book (`totals`).
 -- numeric keeps the larger scale of a sum's terms, so a running total would carry the scale
