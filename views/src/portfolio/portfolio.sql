@@ -4,9 +4,9 @@
 -- The view is order-dependent and takes each account's events of a batch at once
 -- (`many_per_account`; up to 256 of one account per statement, the engine's `RUN_CAP`, the
 -- rest in further statements of the batch's transaction, each folding from the row the one
--- before wrote, as across batches): the statement folds each row's run of events in seq order, one event
--- after the other with the same arithmetic and the same rounding as one event alone, and
--- writes the row once. The average is rounded at every step, so a run cannot be summed: the
+-- before wrote, as across batches): the statement folds each row's run of events in seq
+-- order, one event after the other with the same arithmetic and the same rounding as one
+-- event alone, and writes the row once. The average is rounded at every step, so a run cannot be summed: the
 -- fold is a recursive CTE, one step per event, whose steps also give each event's position
 -- before and after (the notices).
 
