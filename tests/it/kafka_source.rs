@@ -36,6 +36,16 @@ fn with_duplicates(events: &[EventSpec], every: usize) -> Vec<EventSpec> {
     out
 }
 
+/// Awaits a consumer's task once it is cancelled: it must stop cleanly, and within
+/// `MINUTES`, so that a consumer that never stops fails the test by name instead of holding
+/// the suite until CI's limit.
+async fn stopped(who: &str, task: tokio::task::JoinHandle<()>) {
+    tokio::time::timeout(MINUTES, task)
+        .await
+        .unwrap_or_else(|_| panic!("{who} did not stop within {MINUTES:?} of its cancellation"))
+        .unwrap_or_else(|e| panic!("{who} stopped cleanly: {e}"));
+}
+
 fn spawn(
     applier: &Arc<Applier>,
     db: &TestDb,
@@ -104,14 +114,14 @@ async fn three_consumers_joining_and_leaving_give_the_fold() {
         })
         .await;
     stop_a.cancel();
-    a.await.expect("a stopped cleanly");
+    stopped("a", a).await;
     shared
         .wait("four fifths", MINUTES, |p| {
             p.committed_total() >= 4 * total / 5
         })
         .await;
     stop_b.cancel();
-    b.await.expect("b stopped cleanly");
+    stopped("b", b).await;
     own[2]
         .wait("c to take every partition", MINUTES, |p| {
             p.assigned_now().len() == 6
@@ -119,7 +129,7 @@ async fn three_consumers_joining_and_leaving_give_the_fold() {
         .await;
     shared.wait_for_ends(&ends, MINUTES).await;
     stop_c.cancel();
-    c.await.expect("c stopped cleanly");
+    stopped("c", c).await;
 
     let client = db.client().await;
     assert_eq!(rows(&client, "trail_v1").await, trail_fold(&events));
@@ -157,7 +167,7 @@ async fn republished_events_are_dropped() {
     );
     progress.wait_for_ends(&ends, MINUTES).await;
     stop.cancel();
-    task.await.expect("stopped cleanly");
+    stopped("the consumer", task).await;
 
     let client = db.client().await;
     assert_eq!(rows(&client, "trail_v1").await, trail_fold(&events));
